@@ -1,0 +1,39 @@
+"""t5lite: BERT, GPT and T5 pretraining and finetuning in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="t5lite",
+    version="0.1.0",
+    description="BERT, GPT and T5 in JAX/Flax: pretrain, finetune, shard, reproduce T5 ablations",
+    packages=find_packages(include=["t5lite", "t5lite.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax==0.10.2",
+        "jaxlib==0.10.2",
+        "flax==0.12.8",
+        "optax==0.2.8",
+        "orbax-checkpoint==0.12.8",
+        "seqio==0.0.20",
+        "tensorflow==2.21.0",
+        "tensorflow-text==2.21.1",
+        "tensorflow-datasets==4.9.10",
+        "sentencepiece==0.2.3",
+        "sacrebleu>=2.4",
+        "rouge-score>=0.1.2",
+        "tensorboardX>=2.6",
+        "tqdm>=4.66",
+        "scipy>=1.11",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "torch==2.13.0",
+            "transformers>=5.0",
+            "safetensors>=0.4",
+        ],
+    },
+    entry_points={"console_scripts": ["t5lite=t5lite.cli:main"]},
+)

@@ -1,0 +1,165 @@
+"""The `t5lite` command: train, eval, infer, quickstart, models, tasks, data, convert.
+
+Each subcommand parses its flags here and calls one function in the module that owns the work,
+so this file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
+handlers, so `t5lite --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from t5lite.errors import UserError
+
+
+def _quiet_env():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if "JAX_PLATFORMS" not in os.environ:
+        try:  # only CPU here: silence the harmless cuInit message
+            import importlib.util
+            if importlib.util.find_spec("jax_cuda12_plugin") is None and \
+                    importlib.util.find_spec("libtpu") is None:
+                os.environ["JAX_PLATFORMS"] = "cpu"
+        except Exception:  # pragma: no cover
+            pass
+
+
+def _config(args):
+    from t5lite import config
+    return config.load_config(args.config, args.set or [])
+
+
+def cmd_train(args):
+    from t5lite import trainer
+    cfg = _config(args)
+    trainer.train(cfg, args.workdir)
+
+
+def cmd_quickstart(args):
+    from t5lite import quickstart
+    quickstart.run(args.workdir, fast=args.fast)
+
+
+def cmd_eval(args):
+    from t5lite import evaluation
+    evaluation.eval_command(checkpoint=args.checkpoint, task=args.task, split=args.split,
+                            max_examples=args.max_examples, overrides=args.set or [])
+
+
+def cmd_infer(args):
+    from t5lite import evaluation
+    evaluation.infer_command(checkpoint=args.checkpoint, input_path=args.input,
+                             output_path=args.output, mode=args.mode,
+                             options=args.options or [], overrides=args.set or [])
+
+
+def cmd_models(args):
+    from t5lite.models import param_count_table
+    print(param_count_table(args.names or None))
+
+
+def cmd_tasks(args):
+    from t5lite.tasks import inspect
+    if args.action == "list":
+        print(inspect.list_tasks())
+    else:
+        if not args.name:
+            raise UserError("`t5lite tasks show` needs a task or mixture name; "
+                            "see `t5lite tasks list`.")
+        print(inspect.show_task(args.name, split=args.split, num_examples=args.num_examples))
+
+
+def cmd_data(args):
+    from t5lite.tasks import local_data
+    local_data.prepare(args.names or None, data_dir=args.data_dir or "", force=args.force)
+
+
+def cmd_convert(args):
+    from t5lite import convert
+    if args.direction == "import":
+        convert.import_hf_command(args.src, args.dst)
+    else:
+        convert.export_hf_command(args.src, args.dst)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="t5lite", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add_config(sp):
+        sp.add_argument("--config", required=True,
+                        help="configs/NAME.py, a path, or a bare config name")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set train.steps=100 (repeatable)")
+
+    sp = sub.add_parser("train", help="pretrain or finetune from a config")
+    add_config(sp)
+    sp.add_argument("--workdir", required=True, help="checkpoints, logs (local path or gs://)")
+    sp.set_defaults(fn=cmd_train)
+
+    sp = sub.add_parser("quickstart",
+                        help="prepare local data, pretrain a tiny T5, finetune it on sentiment")
+    sp.add_argument("--workdir", default="runs/quickstart")
+    sp.add_argument("--fast", action="store_true", help="fewer steps (smoke test)")
+    sp.set_defaults(fn=cmd_quickstart)
+
+    sp = sub.add_parser("eval", help="evaluate a checkpoint on a task with its metrics")
+    sp.add_argument("--checkpoint", required=True, help="a workdir or checkpoint step dir")
+    sp.add_argument("--task", required=True)
+    sp.add_argument("--split", default="validation")
+    sp.add_argument("--max-examples", type=int, default=0)
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE")
+    sp.set_defaults(fn=cmd_eval)
+
+    sp = sub.add_parser("infer", help="write JSONL predictions for input lines")
+    sp.add_argument("--checkpoint", required=True)
+    sp.add_argument("--input", required=True, help="text file, one input per line, or -")
+    sp.add_argument("--output", default="-", help="JSONL file or - for stdout")
+    sp.add_argument("--mode", default="predict", choices=["predict", "score", "rank"])
+    sp.add_argument("--options", action="append",
+                    help="rank mode: a candidate target (repeatable)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="decoding options, e.g. decode.method=beam decode.beams=4")
+    sp.set_defaults(fn=cmd_infer)
+
+    sp = sub.add_parser("models", help="print each model config's parameter count")
+    sp.add_argument("names", nargs="*", help="config names (default: all model configs)")
+    sp.set_defaults(fn=cmd_models)
+
+    sp = sub.add_parser("tasks", help="list tasks / show preprocessed examples")
+    sp.add_argument("action", choices=["list", "show"])
+    sp.add_argument("name", nargs="?")
+    sp.add_argument("--split", default="train")
+    sp.add_argument("--num-examples", type=int, default=3)
+    sp.set_defaults(fn=cmd_tasks)
+
+    sp = sub.add_parser("data", help="fetch and build local corpora, finetuning sets, vocabs")
+    sp.add_argument("action", choices=["prepare"])
+    sp.add_argument("names", nargs="*", help="datasets to build (default: all)")
+    sp.add_argument("--data-dir", default="")
+    sp.add_argument("--force", action="store_true")
+    sp.set_defaults(fn=cmd_data)
+
+    sp = sub.add_parser("convert", help="import/export Hugging Face T5, BERT, GPT-2 weights")
+    sp.add_argument("direction", choices=["import", "export"])
+    sp.add_argument("src", help="import: local HF dir; export: t5lite checkpoint dir")
+    sp.add_argument("dst", help="import: t5lite checkpoint dir; export: HF dir")
+    sp.set_defaults(fn=cmd_convert)
+    return p
+
+
+def main(argv=None) -> int:
+    _quiet_env()
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except UserError as e:
+        print(f"t5lite: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

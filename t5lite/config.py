@@ -1,0 +1,390 @@
+"""Typed experiment config: dataclasses, config files, dotted CLI overrides, validation.
+
+A config file is a Python file under configs/ that defines ``get_config() -> Config``.
+Overrides are ``section.field=value`` strings (``--set train.steps=100``); values are parsed as
+Python literals and checked against the field's type. Unknown keys fail with a suggestion.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib.util
+import json
+import os
+import typing
+from typing import Any, Optional
+
+from t5lite.errors import UserError
+
+
+@dataclasses.dataclass
+class PeftConfig:
+    """Parameter-efficient finetuning. All off by default."""
+
+    lora_rank: int = 0  # 0 = no LoRA
+    lora_alpha: float = 16.0
+    lora_targets: tuple = ("query", "value")  # names of DenseGeneral modules that get LoRA
+    prompt_tokens: int = 0  # prompt tuning: N soft tokens prepended to the (encoder) input
+    prefix_tokens: int = 0  # prefix tuning: N learned key/value vectors per layer
+    adapter_dim: int = 0  # bottleneck adapters after attention and MLP
+    ia3: bool = False  # (IA)^3 scaling of keys, values and MLP hidden
+    freeze: tuple = ()  # glob patterns of parameter paths kept frozen, e.g. ("*/encoder/*",)
+    train_only_peft: bool = True  # with any PEFT option on, freeze everything else
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """One config for all three families; variants are fields, not subclasses."""
+
+    # encoder_decoder | decoder_only | prefix_lm | encoder_only
+    architecture: str = "encoder_decoder"
+    shared_encoder_decoder: bool = False  # paper's "shared": one set of layer weights
+    vocab_size: int = 32128
+    d_model: int = 512
+    num_heads: int = 8
+    head_dim: int = 64
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    # relu | gelu | gelu_tanh | silu | glu | geglu | reglu | swiglu | bilinear
+    ffn: str = "relu"
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    norm_eps: float = 1e-6
+    pre_norm: bool = True  # False = post-norm (BERT)
+    # relative | learned | sinusoidal | rope | alibi
+    position: str = "relative"
+    max_length: int = 512  # table size for learned positions
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    tie_embeddings: bool = True  # output projection = input embedding transposed
+    use_bias: bool = False  # biases in dense layers (BERT, GPT-2)
+    num_token_types: int = 0  # BERT segment (token type) embeddings
+    nsp_head: bool = False  # BERT next-sentence prediction head (implies pooler)
+    pooler: bool = False
+    num_classes: int = 0  # >0 adds a classification head (see heads in architectures.py)
+    dropout_rate: float = 0.1
+    dtype: str = "float32"  # compute dtype; params are always float32
+    scan_layers: bool = True
+    remat: str = "none"  # none | minimal | full
+    peft: PeftConfig = dataclasses.field(default_factory=PeftConfig)
+
+
+@dataclasses.dataclass
+class DataConfig:
+    mixture_or_task: str = "corpus_span_corruption"
+    # feature lengths by task feature: {"inputs": 512, "targets": 114} (enc-dec),
+    # {"targets": 512} (decoder LM), {"inputs": 512} (encoder / BERT).
+    feature_lengths: dict = dataclasses.field(
+        default_factory=lambda: {"inputs": 512, "targets": 114})
+    batch_size: int = 128  # global batch, across all processes and devices
+    pack: bool = True
+    shuffle: bool = True
+    seed: int = 0
+    train_split: str = "train"
+    eval_split: str = "validation"
+    data_dir: str = ""  # where prepared data lives; "" = $T5LITE_DATA_DIR or ~/.cache/t5lite
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    name: str = "adafactor"  # adafactor | adamw | adamw_rms_scaled
+    learning_rate: float = 1e-2  # peak
+    schedule: str = "rsqrt"  # rsqrt | constant | cosine | linear
+    warmup_steps: int = 1000
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    clip_grad_norm: float = 0.0  # 0 = off
+    min_lr_ratio: float = 0.0  # floor for cosine / linear decay
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    steps: int = 1000
+    seed: int = 0
+    grad_accum_steps: int = 1
+    z_loss: float = 1e-4
+    label_smoothing: float = 0.0
+    loss_normalizing_factor: Optional[float] = None  # T5: e.g. 233472; None = num real targets
+    log_every: int = 10
+    eval_every: int = 0  # 0 = only at the end
+    eval_steps: int = 10
+    stop_on_nan: bool = True
+
+
+@dataclasses.dataclass
+class MeshConfig:
+    data: int = -1  # -1 = all remaining devices
+    fsdp: int = 1
+    tensor: int = 1
+    multihost: bool = False  # call jax.distributed.initialize()
+    coordinator_address: str = ""  # "" = discover (TPU / SLURM) or env vars
+    num_processes: int = 0
+    process_id: int = -1
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    every_steps: int = 500
+    keep: int = 3
+    async_save: bool = True
+    # Start from these params (partial restore, e.g. finetuning from a pretrained run):
+    init_from: str = ""
+    init_step: int = -1  # -1 = latest
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    tasks: tuple = ()  # seqio tasks evaluated with their metrics ("" = data.mixture_or_task)
+    every_steps: int = 0
+    max_examples: int = 0  # 0 = all
+    decode_max_length: int = 64
+    best_metric: str = ""  # e.g. "sentiment/accuracy": keep the best checkpoint by it
+    best_mode: str = "max"
+
+
+@dataclasses.dataclass
+class Config:
+    name: str = "t5lite"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optim: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def configs_dir() -> str:
+    """The repository's configs/ folder (also found when running from an installed copy)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(here, "configs")
+
+
+def resolve_config_path(path: str) -> str:
+    """Accept 'configs/x.py', an absolute path, or a bare name like 'quickstart'."""
+    candidates = [path, os.path.join(configs_dir(), path),
+                  os.path.join(configs_dir(), path + ".py")]
+    if path.startswith("configs/"):
+        candidates.append(os.path.join(configs_dir(), path[len("configs/"):]))
+    for c in candidates:
+        if os.path.isfile(c):
+            return c
+    known = sorted(available_configs())
+    hint = difflib.get_close_matches(os.path.basename(path).removesuffix(".py"), known, n=3)
+    raise UserError(f"config file {path!r} not found."
+                    + (f" Did you mean: {', '.join(hint)}?" if hint else "")
+                    + " Run `t5lite models` to list the configs.")
+
+
+def available_configs() -> list[str]:
+    """Names of config files under configs/ (recursively), without '.py'."""
+    names = []
+    root = configs_dir()
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py") and not f.startswith("_"):
+                rel = os.path.relpath(os.path.join(dirpath, f), root)
+                names.append(rel[:-3])
+    return names
+
+
+def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
+    """Load ``get_config()`` from a config file and apply ``key=value`` overrides."""
+    file = resolve_config_path(path)
+    spec = importlib.util.spec_from_file_location(
+        "t5lite_config_" + os.path.basename(file)[:-3], file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise UserError(f"{file} must define get_config() returning t5lite.config.Config.")
+    cfg = module.get_config()
+    if not isinstance(cfg, Config):
+        raise UserError(f"get_config() in {file} returned {type(cfg).__name__}, not Config.")
+    cfg = apply_overrides(cfg, overrides)
+    validate(cfg)
+    return cfg
+
+
+def apply_overrides(cfg: Config, overrides: typing.Sequence[str]) -> Config:
+    cfg = copy_config(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"override {item!r} must look like section.field=value, "
+                            "e.g. train.steps=100")
+        key, raw = item.split("=", 1)
+        set_by_path(cfg, key.strip(), raw.strip())
+    return cfg
+
+
+def copy_config(cfg):
+    return dataclasses.replace(cfg, **{
+        f.name: copy_config(getattr(cfg, f.name)) if dataclasses.is_dataclass(
+            getattr(cfg, f.name)) else _copy_value(getattr(cfg, f.name))
+        for f in dataclasses.fields(cfg)})
+
+
+def _copy_value(v):
+    return dict(v) if isinstance(v, dict) else v
+
+
+def _all_keys(obj, prefix="") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            keys += _all_keys(v, prefix + f.name + ".")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def set_by_path(cfg: Config, key: str, raw: Any) -> None:
+    """Set ``a.b.c`` on cfg; ``raw`` is a string (parsed) or an already-typed value."""
+    parts = key.split(".")
+    obj = cfg
+    for i, part in enumerate(parts):
+        names = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(
+            obj) else {}
+        is_dict_entry = isinstance(obj, dict)
+        if not is_dict_entry and part not in names:
+            suggestions = difflib.get_close_matches(key, _all_keys(cfg), n=3, cutoff=0.5)
+            raise UserError(f"unknown config key {key!r}." + (
+                f" Did you mean: {', '.join(suggestions)}?" if suggestions else
+                " Valid sections: " + ", ".join(f.name for f in dataclasses.fields(cfg))))
+        last = i == len(parts) - 1
+        if not last:
+            obj = obj[part] if is_dict_entry else getattr(obj, part)
+            continue
+        if is_dict_entry:
+            obj[part] = _parse(raw, type(obj.get(part, 0)), key)
+        else:
+            hints = typing.get_type_hints(type(obj))
+            setattr(obj, part, _coerce(raw, hints[part], key))
+
+
+def _parse(raw, want, key):
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        if want in (str, typing.Any):
+            return raw
+        return raw  # checked by _coerce
+
+
+def _coerce(raw, hint, key):
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union and type(None) in args:  # Optional[X]
+        if raw in (None, "None", "none", "null"):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is str:
+        return raw if isinstance(raw, str) else str(raw)
+    value = _parse(raw, hint, key)
+    if hint is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        if not isinstance(value, bool):
+            raise UserError(f"{key} must be true or false, got {raw!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{key} must be an integer, got {raw!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{key} must be a number, got {raw!r}")
+        return float(value)
+    if hint is tuple or origin is tuple:
+        if isinstance(value, str):
+            value = tuple(v for v in value.split(",") if v)
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{key} must be a list like a,b or ('a','b'), got {raw!r}")
+        return tuple(value)
+    if hint is dict or origin is dict:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(value, dict):
+            raise UserError(f"{key} must be a dict like {{'inputs': 512}}, got {raw!r}")
+        return value
+    return value
+
+
+CHOICES = {
+    "model.architecture": ("encoder_decoder", "decoder_only", "prefix_lm", "encoder_only"),
+    "model.ffn": ("relu", "gelu", "gelu_tanh", "silu", "glu", "geglu", "reglu", "swiglu",
+                  "bilinear"),
+    "model.norm": ("rmsnorm", "layernorm"),
+    "model.position": ("relative", "learned", "sinusoidal", "rope", "alibi"),
+    "model.remat": ("none", "minimal", "full"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "optim.name": ("adafactor", "adamw", "adamw_rms_scaled"),
+    "optim.schedule": ("rsqrt", "constant", "cosine", "linear"),
+    "eval.best_mode": ("max", "min"),
+}
+
+
+def get_by_path(cfg, key):
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate(cfg: Config) -> None:
+    """Checks that need only the config (mesh/device checks live in partitioning.py)."""
+    for key, choices in CHOICES.items():
+        value = get_by_path(cfg, key)
+        if value not in choices:
+            hint = difflib.get_close_matches(str(value), choices, n=1)
+            raise UserError(f"{key}={value!r} is not one of {', '.join(choices)}."
+                            + (f" Did you mean {hint[0]!r}?" if hint else ""))
+    m = cfg.model
+    for name in ("d_model", "num_heads", "head_dim", "d_ff", "vocab_size"):
+        if getattr(m, name) <= 0:
+            raise UserError(f"model.{name} must be positive, got {getattr(m, name)}")
+    if cfg.data.batch_size <= 0:
+        raise UserError("data.batch_size must be positive")
+    if cfg.train.grad_accum_steps < 1 or cfg.data.batch_size % cfg.train.grad_accum_steps:
+        raise UserError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
+                        f"train.grad_accum_steps={cfg.train.grad_accum_steps}")
+    if not 0.0 <= m.dropout_rate < 1.0:
+        raise UserError(f"model.dropout_rate must be in [0, 1), got {m.dropout_rate}")
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict) -> Config:
+    """Inverse of to_dict (used to reload the config saved next to a checkpoint)."""
+    cfg = Config()
+    for section, values in d.items():
+        if section == "name":
+            cfg.name = values
+            continue
+        for k, v in _flatten(values).items():
+            set_by_path(cfg, f"{section}.{k}", tuple(v) if isinstance(v, list) else v)
+    return cfg
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "feature_lengths":
+            out.update(_flatten(v, prefix + k + "."))
+        else:
+            out[prefix + k] = v
+    return out
