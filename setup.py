@@ -27,6 +27,9 @@ setup(
         "numpy>=1.26",
     ],
     extras_require={
+        # Accelerator runtimes (launch/: `pip install -e .[tpu]` on TPU VMs, .[gpu] on CUDA 12).
+        "tpu": ["jax[tpu]==0.10.2"],
+        "gpu": ["jax[cuda12]==0.10.2"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",
