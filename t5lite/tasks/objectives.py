@@ -1,0 +1,443 @@
+"""Pretraining objectives of the T5 paper (and BERT / GPT) as seqio preprocessors.
+
+Every objective is a dataset -> dataset function with seqio's keyword conventions
+(``output_features``, ``sequence_length``), so any Task can compose it. Randomness uses stateless
+TF ops whose seeds come from ``seqio.map_over_dataset(num_seeds=...)``; seqio draws those from
+``map_seed_manager(seed)``, so the same seed gives the same data.
+
+The unsupervised objectives (Raffel et al. 2020, Section 3.3) are all one ``denoise`` call with a
+different noise mask, inputs function and targets function:
+
+  objective (paper)          noise_mask   inputs_fn                       targets_fn
+  span corruption (Table 5)  spans        noise_span_to_unique_sentinel   nonnoise_span_to_unique_sentinel
+  i.i.d. / replace spans     iid          noise_span_to_unique_sentinel   nonnoise_span_to_unique_sentinel
+  drop corrupted tokens      iid          drop_noise_tokens               drop_nonnoise_tokens
+  BERT-style                 iid          noise_token_to_random_token_or_sentinel   original
+  MASS-style                 iid          noise_token_to_sentinel         original
+
+with deshuffling, prefix LM and full LM alongside. Corruption rate (Table 4) is
+``noise_density``, span length (Table 5) ``mean_noise_span_length``; Tables 6-7 (data set and
+size) are the task choice plus ``limit_tokens``.
+
+Sentinels count down from the end of the vocabulary: span k (k = 0, 1, ...) gets
+``vocab.vocab_size - 1 - k``, which is seqio's ``<extra_id_k>``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Mapping, Optional
+
+import seqio
+import tensorflow as tf
+
+map_over_dataset = seqio.map_over_dataset
+
+
+# ----------------------------------------------------------------------------- lengths
+
+
+def _span_counts(tokens_length: int, noise_density: float, mean_noise_span_length: float):
+    num_noise = int(round(tokens_length * noise_density))
+    num_noise = min(max(num_noise, 1), tokens_length - 1)
+    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
+    return num_noise, tokens_length - num_noise, num_spans
+
+
+def random_spans_helper(inputs_length: int = 512, noise_density: float = 0.15,
+                        mean_noise_span_length: float = 3.0,
+                        extra_tokens_per_span_inputs: int = 1,
+                        extra_tokens_per_span_targets: int = 1) -> tuple[int, int]:
+    """(tokens_length, targets_length) for span corruption with ``inputs_length`` inputs.
+
+    tokens_length is the longest uncorrupted chunk whose corrupted inputs (kept tokens, one
+    sentinel per span, EOS) still fit in inputs_length; targets_length is what its targets need
+    (noise tokens, one sentinel per span, EOS). 512 at 0.15 / 3.0 gives (568, 114), the paper's
+    setting.
+    """
+    def lengths(tokens_length):
+        num_noise, num_nonnoise, num_spans = _span_counts(
+            tokens_length, noise_density, mean_noise_span_length)
+        return (num_nonnoise + num_spans * extra_tokens_per_span_inputs + 1,
+                num_noise + num_spans * extra_tokens_per_span_targets + 1)
+
+    tokens_length = inputs_length - 1
+    while lengths(tokens_length + 1)[0] <= inputs_length:
+        tokens_length += 1
+    _, targets_length = lengths(tokens_length)
+    # At density 0.5 the targets can come out one longer than the inputs; trim for symmetry.
+    if noise_density == 0.5 and targets_length > inputs_length:
+        tokens_length -= 1
+        targets_length -= 1
+    return tokens_length, targets_length
+
+
+# ----------------------------------------------------------------------------- noise masks
+
+
+def _random_segmentation(num_items, num_segments, seed):
+    """Lengths of a uniformly random partition of num_items into num_segments non-empty parts."""
+    first_in_segment = tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32)
+    first_in_segment = tf.pad(seqio.utils.stateless_shuffle(first_in_segment, seed), [[1, 0]])
+    segment_id = tf.cumsum(first_in_segment)
+    return tf.math.unsorted_segment_sum(tf.ones_like(segment_id), segment_id, num_segments)
+
+
+def random_spans_noise_mask(length, noise_density, seeds, mean_noise_span_length=3.0):
+    """Bool [length] mask of noise spans; spans alternate non-noise / noise, non-noise first.
+
+    The number of noise tokens is round(length * noise_density) and the number of noise spans
+    round(num_noise / mean_noise_span_length), so both are exact per example (not just on
+    average). ``seeds``: two stateless seeds.
+    """
+    orig_length = length
+    length = tf.maximum(length, 2)
+    num_noise = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
+    num_noise = tf.clip_by_value(num_noise, 1, length - 1)
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length),
+                        tf.int32)
+    num_spans = tf.maximum(num_spans, 1)
+    noise_lengths = _random_segmentation(num_noise, num_spans, seeds[0])
+    nonnoise_lengths = _random_segmentation(length - num_noise, num_spans, seeds[1])
+    interleaved = tf.reshape(tf.stack([nonnoise_lengths, noise_lengths], axis=1), [-1])
+    span_starts = tf.cumsum(interleaved)[:-1]
+    span_start_indicator = tf.math.unsorted_segment_sum(
+        tf.ones_like(span_starts), span_starts, length)
+    is_noise = tf.equal(tf.math.floormod(tf.cumsum(span_start_indicator), 2), 1)
+    return is_noise[:orig_length]
+
+
+def iid_noise_mask(length, noise_density, seeds, mean_noise_span_length=None):
+    """Each token is noise independently with probability noise_density."""
+    del mean_noise_span_length
+    return tf.random.stateless_uniform([length], seed=seeds[0]) < noise_density
+
+
+NOISE_MASKS = {"spans": random_spans_noise_mask, "iid": iid_noise_mask}
+
+
+# ----------------------------------------------------------------------------- inputs / targets
+
+
+def sentinel_ids(vocabulary, num):
+    """The first ``num`` sentinels: vocab_size - 1, vocab_size - 2, ..."""
+    return vocabulary.vocab_size - 1 - tf.range(num)
+
+
+def noise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None):
+    """Replace each noise span by one sentinel (counting down from the vocab end)."""
+    del seeds
+    prev_noise = tf.pad(noise_mask[:-1], [[1, 0]])
+    first_noise = tf.logical_and(noise_mask, tf.logical_not(prev_noise))
+    subsequent_noise = tf.logical_and(noise_mask, prev_noise)
+    sentinel = vocabulary.vocab_size - tf.cumsum(tf.cast(first_noise, tokens.dtype))
+    tokens = tf.where(first_noise, sentinel, tokens)
+    return tf.boolean_mask(tokens, tf.logical_not(subsequent_noise))
+
+
+def nonnoise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None):
+    """Targets of span corruption: the noise spans, each preceded by its sentinel."""
+    return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary, seeds)
+
+
+def drop_noise_tokens(tokens, noise_mask, vocabulary=None, seeds=None):
+    del vocabulary, seeds
+    return tf.boolean_mask(tokens, tf.logical_not(noise_mask))
+
+
+def drop_nonnoise_tokens(tokens, noise_mask, vocabulary=None, seeds=None):
+    del vocabulary, seeds
+    return tf.boolean_mask(tokens, noise_mask)
+
+
+def noise_token_to_sentinel(tokens, noise_mask, vocabulary, seeds=None):
+    """MASS-style: every noise token becomes the one mask token (the first sentinel)."""
+    del seeds
+    return tf.where(noise_mask, tf.cast(vocabulary.vocab_size - 1, tokens.dtype), tokens)
+
+
+def random_token_range(vocabulary) -> tuple[int, int]:
+    """[low, high) of ordinary tokens for random replacement: above pad / EOS / UNK (and
+    [CLS] / [SEP] / [MASK] where the vocabulary has them), below the sentinels."""
+    high = vocabulary.vocab_size - (vocabulary.extra_ids or 0)
+    ids = [getattr(vocabulary, name, None) for name in
+           ("pad_id", "eos_id", "unk_id", "cls_id", "sep_id", "mask_id")]
+    low = 1 + max(i for i in ids if i is not None and i < high)
+    return low, high
+
+
+def noise_token_to_random_token_or_sentinel(tokens, noise_mask, vocabulary, seeds,
+                                            mask_prob=0.8, random_prob=0.1):
+    """BERT-style: of the noise tokens, mask_prob -> mask token, random_prob -> a random token,
+    the rest kept."""
+    u = tf.random.stateless_uniform(tf.shape(tokens), seed=seeds[0])
+    low, high = random_token_range(vocabulary)
+    random_tokens = tf.random.stateless_uniform(
+        tf.shape(tokens), seed=seeds[1], minval=low, maxval=high, dtype=tokens.dtype)
+    mask_token = tf.cast(vocabulary.vocab_size - 1, tokens.dtype)
+    replaced = tf.where(u < mask_prob, mask_token,
+                        tf.where(u < mask_prob + random_prob, random_tokens, tokens))
+    return tf.where(noise_mask, replaced, tokens)
+
+
+def original_tokens(tokens, noise_mask=None, vocabulary=None, seeds=None):
+    del noise_mask, vocabulary, seeds
+    return tokens
+
+
+TOKEN_FNS = {f.__name__: f for f in (
+    noise_span_to_unique_sentinel, nonnoise_span_to_unique_sentinel, drop_noise_tokens,
+    drop_nonnoise_tokens, noise_token_to_sentinel, noise_token_to_random_token_or_sentinel,
+    original_tokens)}
+
+
+def _resolve(fn, table):
+    return table[fn] if isinstance(fn, str) else fn
+
+
+# ----------------------------------------------------------------------------- dataset helpers
+
+
+def _vocab(output_features, key="targets"):
+    return output_features[key].vocabulary if key in output_features else (
+        output_features["inputs"].vocabulary)
+
+
+def concat_and_split(ds: tf.data.Dataset, length: int, key: str = "targets",
+                     batch_size: int = 128, separator_id: Optional[int] = None):
+    """Concatenate the token sequences of consecutive examples (up to batch_size at a time)
+    and cut them into chunks of ``length`` tokens (the last of each batch may be shorter).
+
+    Drops every feature except ``key``. Fills every example, which packing then need not do.
+    """
+    ds = ds.map(lambda x: x[key], num_parallel_calls=tf.data.AUTOTUNE)
+    if separator_id is not None:
+        ds = ds.map(lambda t: tf.concat([t, tf.constant([separator_id], t.dtype)], 0))
+    ds = ds.filter(lambda t: tf.size(t) > 0)
+    ds = ds.ragged_batch(batch_size)
+
+    def split(rt):
+        tokens = rt.flat_values
+        n = tf.size(tokens)
+        num_full = n // length
+        rem = n - num_full * length
+        row_lengths = tf.concat([tf.fill([num_full], length),
+                                 tf.boolean_mask([rem], [rem > 0])], 0)
+        return tf.data.Dataset.from_tensor_slices(
+            tf.RaggedTensor.from_row_lengths(tokens, row_lengths))
+
+    ds = ds.flat_map(split)
+    return ds.map(lambda t: {key: t}, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def limit_tokens(dataset: tf.data.Dataset, max_tokens: int, key: str = "targets"):
+    """Keep the first examples until ``max_tokens`` tokens (the paper's Table 7 data sizes;
+    the training pipeline repeats the result)."""
+    def step(total, ex):
+        total += tf.cast(tf.size(ex[key]), tf.int64)
+        return total, (total, ex)
+    ds = dataset.scan(tf.constant(0, tf.int64), step)
+    ds = ds.take_while(lambda total, ex: total <= max_tokens)
+    return ds.map(lambda total, ex: ex)
+
+
+# ----------------------------------------------------------------------------- denoising
+
+
+def denoise(dataset, output_features, sequence_length=None, *, noise_density=0.15,
+            noise_mask: str | Callable = "spans", mean_noise_span_length=3.0,
+            inputs_fn: str | Callable = "noise_span_to_unique_sentinel",
+            targets_fn: str | Callable = "nonnoise_span_to_unique_sentinel",
+            tokens_length: Optional[int] = None, split: bool = True,
+            input_feature_key="inputs"):
+    """The general denoising objective: ``targets`` tokens -> (``inputs``, ``targets``).
+
+    With ``split`` the token stream is concatenated and cut into chunks of ``tokens_length``
+    (default: the longest chunk whose corrupted inputs fit ``sequence_length["inputs"]``, via
+    random_spans_helper for span-replacing objectives, else inputs length - 1). EOS is added
+    afterwards by seqio.preprocessors.append_eos_after_trim.
+    """
+    vocabulary = _vocab(output_features)
+    mask_fn = _resolve(noise_mask, NOISE_MASKS)
+    in_fn = _resolve(inputs_fn, TOKEN_FNS)
+    tgt_fn = _resolve(targets_fn, TOKEN_FNS)
+    if split:
+        if tokens_length is None:
+            inputs_length = (sequence_length or {}).get("inputs") or 512
+            if in_fn is noise_span_to_unique_sentinel and mask_fn is random_spans_noise_mask:
+                tokens_length, _ = random_spans_helper(
+                    inputs_length, noise_density, mean_noise_span_length)
+            elif in_fn is drop_noise_tokens:
+                tokens_length = int((inputs_length - 1) / (1.0 - noise_density))
+            else:
+                tokens_length = inputs_length - 1
+        dataset = concat_and_split(dataset, tokens_length)
+
+    @map_over_dataset(num_seeds=4)
+    def corrupt(features, seeds):
+        tokens = features["targets"]
+        mask = mask_fn(tf.size(tokens), noise_density, seeds[:2],
+                       mean_noise_span_length=mean_noise_span_length)
+        return {**features,
+                input_feature_key: in_fn(tokens, mask, vocabulary, seeds=seeds[2:]),
+                "targets": tgt_fn(tokens, mask, vocabulary, seeds=seeds[2:])}
+
+    return corrupt(dataset)
+
+
+span_corruption = functools.partial(denoise, noise_mask="spans")
+iid_denoising = functools.partial(denoise, noise_mask="iid")
+replace_spans = iid_denoising
+drop_tokens = functools.partial(denoise, noise_mask="iid", inputs_fn="drop_noise_tokens",
+                                targets_fn="drop_nonnoise_tokens")
+bert_style_denoising = functools.partial(
+    denoise, noise_mask="iid", inputs_fn="noise_token_to_random_token_or_sentinel",
+    targets_fn="original_tokens")
+mass_style_denoising = functools.partial(
+    denoise, noise_mask="iid", inputs_fn="noise_token_to_sentinel",
+    targets_fn="original_tokens")
+
+
+def deshuffling(dataset, output_features, sequence_length=None, tokens_length=None):
+    """Inputs: the chunk's tokens in random order; targets: the original order."""
+    length = tokens_length or ((sequence_length or {}).get("inputs") or 512) - 1
+    dataset = concat_and_split(dataset, length)
+
+    @map_over_dataset(num_seeds=1)
+    def shuffle(features, seed):
+        tokens = features["targets"]
+        return {**features, "inputs": seqio.utils.stateless_shuffle(tokens, seed)}
+
+    return shuffle(dataset)
+
+
+def prefix_lm(dataset, output_features, sequence_length=None):
+    """Split a chunk at a uniformly random point: prefix -> inputs, the rest -> targets.
+
+    Chunks are inputs_length + targets_length - 1 tokens (the targets get EOS, the inputs
+    none); the split is drawn so that both halves fit their lengths.
+    """
+    lengths = sequence_length or {"inputs": 512, "targets": 512}
+    inputs_length, targets_length = lengths["inputs"], lengths["targets"]
+    dataset = concat_and_split(dataset, inputs_length + targets_length - 1)
+
+    @map_over_dataset(num_seeds=1)
+    def split_point(features, seed):
+        tokens = features["targets"]
+        n = tf.size(tokens)
+        low = tf.maximum(1, n - (targets_length - 1))
+        high = tf.maximum(tf.minimum(n - 1, inputs_length), low)
+        k = tf.random.stateless_uniform([], seed=seed, minval=low, maxval=high + 1,
+                                        dtype=tf.int32)
+        return {"inputs": tokens[:k], "targets": tokens[k:]}
+
+    return split_point(dataset.filter(lambda x: tf.size(x["targets"]) >= 2))
+
+
+def full_lm(dataset, output_features, sequence_length=None):
+    """Decoder LM: chunks of targets_length - 1 tokens (EOS after each document, and one more
+    appended per chunk by append_eos_after_trim)."""
+    length = ((sequence_length or {}).get("targets") or 512) - 1
+    eos = _vocab(output_features).eos_id
+    return concat_and_split(dataset, length, separator_id=eos)
+
+
+# ----------------------------------------------------------------------------- BERT
+
+
+def bert_special_ids(vocabulary) -> dict:
+    """[CLS], [SEP], [MASK] ids. A WordPiece vocabulary exposes cls_id / sep_id / mask_id; for a
+    SentencePiece vocabulary the last sentinels stand in (mask = <extra_id_0>)."""
+    top = vocabulary.vocab_size - 1
+    return {"cls": getattr(vocabulary, "cls_id", top - 1),
+            "sep": getattr(vocabulary, "sep_id", top - 2),
+            "mask": getattr(vocabulary, "mask_id", top)}
+
+
+def bert_mlm(dataset, output_features, sequence_length=None, *, mask_rate=0.15,
+             mask_prob=0.8, random_prob=0.1):
+    """BERT masked LM on ``inputs`` (already [CLS] ... [SEP]): select mask_rate of the
+    non-special tokens; of those mask_prob -> [MASK], random_prob -> random token, rest kept.
+
+    Adds ``targets`` (the original tokens) and ``loss_weights`` (1 on selected positions).
+    """
+    vocabulary = output_features["inputs"].vocabulary
+    special = bert_special_ids(vocabulary)
+    low, high = random_token_range(vocabulary)
+
+    @map_over_dataset(num_seeds=3)
+    def mask(features, seeds):
+        tokens = features["inputs"]
+        shape = tf.shape(tokens)
+        maskable = tf.logical_not(tf.reduce_any(
+            tokens[:, None] == tf.constant([special["cls"], special["sep"], 0],
+                                           tokens.dtype)[None, :], axis=1))
+        selected = tf.logical_and(
+            tf.random.stateless_uniform(shape, seed=seeds[0]) < mask_rate, maskable)
+        u = tf.random.stateless_uniform(shape, seed=seeds[1])
+        random_tokens = tf.random.stateless_uniform(
+            shape, seed=seeds[2], minval=low, maxval=high, dtype=tokens.dtype)
+        replaced = tf.where(u < mask_prob, tf.cast(special["mask"], tokens.dtype),
+                            tf.where(u < mask_prob + random_prob, random_tokens, tokens))
+        return {**features, "inputs": tf.where(selected, replaced, tokens), "targets": tokens,
+                "loss_weights": tf.cast(selected, tf.int32)}
+
+    return mask(dataset)
+
+
+def bert_pairs(dataset, output_features, sequence_length=None, *, nsp=True,
+               window: int = 64):
+    """[CLS] A [SEP] B [SEP] rows with ``token_type_ids`` (and ``nsp_labels`` with nsp).
+
+    The token stream is cut into chunks of inputs_length - 3 tokens (BERT's "sentences" are
+    contiguous spans, as here); each chunk is split at a random point into A and B. With
+    ``nsp``, half the rows replace B by the B of another chunk in a window of ``window``
+    chunks (nsp_labels 1 = random next, 0 = actual next, BERT's convention).
+    """
+    vocabulary = output_features["inputs"].vocabulary
+    special = bert_special_ids(vocabulary)
+    length = ((sequence_length or {}).get("inputs") or 512)
+    dataset = concat_and_split(dataset, length - 3, key="inputs")
+    dataset = dataset.filter(lambda x: tf.size(x["inputs"]) >= 2)
+
+    @map_over_dataset(num_seeds=1)
+    def split_ab(features, seed):
+        tokens = features["inputs"]
+        k = tf.random.stateless_uniform([], seed=seed, minval=1, maxval=tf.size(tokens),
+                                        dtype=tf.int32)
+        return {"a": tokens[:k], "b": tokens[k:]}
+
+    dataset = split_ab(dataset)
+    if nsp:
+        dataset = dataset.ragged_batch(window)
+
+        @map_over_dataset(num_seeds=2)
+        def swap(batch, seeds):
+            n = batch["a"].nrows(out_type=tf.int32)
+            is_random = tf.random.stateless_uniform([n], seed=seeds[0]) < 0.5
+            # A partner other than itself (when the window has more than one chunk).
+            offset = tf.random.stateless_uniform([n], seed=seeds[1], minval=1,
+                                                 maxval=tf.maximum(n, 2), dtype=tf.int32)
+            partner = tf.where(is_random & (n > 1), (tf.range(n) + offset) % n, tf.range(n))
+            return {"a": batch["a"], "b": tf.gather(batch["b"], partner),
+                    "nsp_labels": tf.cast(partner != tf.range(n), tf.int32)}
+
+        dataset = swap(dataset).unbatch()
+
+    def assemble(features):
+        a, b = features["a"], features["b"]
+        if isinstance(a, tf.RaggedTensor):
+            a, b = a.flat_values, b.flat_values
+        b = b[:tf.maximum(length - 3 - tf.size(a), 1)]
+        a = a[:length - 3 - tf.size(b)]
+        dt = a.dtype
+        cls_ = tf.constant([special["cls"]], dt)
+        sep = tf.constant([special["sep"]], dt)
+        out = {"inputs": tf.concat([cls_, a, sep, b, sep], 0),
+               "token_type_ids": tf.concat([tf.zeros([tf.size(a) + 2], tf.int32),
+                                            tf.ones([tf.size(b) + 1], tf.int32)], 0)}
+        if nsp:
+            out["nsp_labels"] = features["nsp_labels"]
+        return out
+
+    return dataset.map(assemble, num_parallel_calls=tf.data.AUTOTUNE)
