@@ -25,6 +25,7 @@ setup(
         "tqdm>=4.66",
         "scipy>=1.11",
         "numpy>=1.26",
+        "safetensors>=0.4",  # t5lite convert: Hugging Face weights
     ],
     extras_require={
         # Accelerator runtimes (launch/: `pip install -e .[tpu]` on TPU VMs, .[gpu] on CUDA 12).
@@ -35,7 +36,6 @@ setup(
             "pytest-xdist>=3.5",
             "torch==2.13.0",
             "transformers>=5.0",
-            "safetensors>=0.4",
         ],
     },
     entry_points={"console_scripts": ["t5lite=t5lite.cli:main"]},
