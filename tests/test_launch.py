@@ -1,0 +1,308 @@
+"""Launchers: the TPU VM dry run prints exact gcloud commands, the SLURM / multi-node scripts
+derive the jax.distributed environment, and local_multiprocess starts, prefixes and stops jobs."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(ROOT, "launch")
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location("launch_" + name, os.path.join(LAUNCH, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["launch_" + name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+tpu_vm = _load("tpu_vm")
+local_multiprocess = _load("local_multiprocess")
+
+
+def tpu(*argv):
+    return subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm.py"), *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+# ----------------------------------------------------------------------------- TPU VM
+
+
+def expected_tpu_commands(name, accelerator, runtime):
+    zone = "--zone=us-central2-b --project=my-proj"
+    archive = os.path.join(tempfile.gettempdir(), f"t5lite-src-{name}.tar.gz")
+    install = ("'set -e; rm -rf ~/t5lite && mkdir -p ~/t5lite && tar -xzf ~/t5lite-src.tar.gz "
+               "-C ~/t5lite && cd ~/t5lite && python3 -m pip install --upgrade pip && "
+               "python3 -m pip install -e \".[tpu]\" && python3 -m t5lite.cli data prepare'")
+    train = ("'cd ~/t5lite || exit 1; export PATH=\"$HOME/.local/bin:$PATH\"; "
+             "export T5LITE_DATA_DIR=/mnt/data; "
+             "nohup t5lite train --config=configs/tiny_t5.py --workdir=gs://bkt/runs/a "
+             "--set mesh.multihost=true --set train.steps=100 > ~/t5lite-train.log 2>&1 & "
+             "pid=$!; echo $pid > ~/t5lite-train.pid; "
+             "tail --pid=$pid -n +1 -f ~/t5lite-train.log; wait $pid'")
+    return {
+        "create": [f"gcloud compute tpus tpu-vm create {name} --accelerator-type={accelerator} "
+                   f"--version={runtime} {zone}"],
+        "setup": [f"git -C {ROOT} archive --format=tar.gz --output={archive} HEAD",
+                  f"gcloud compute tpus tpu-vm scp {archive} {name}:t5lite-src.tar.gz "
+                  f"--worker=all {zone}",
+                  f"gcloud compute tpus tpu-vm ssh {name} --worker=all {zone} "
+                  f"--command {install}"],
+        "train": [f"gcloud compute tpus tpu-vm ssh {name} --worker=all {zone} "
+                  f"--command {train}"],
+        "delete": [f"gcloud compute tpus tpu-vm delete {name} {zone} --quiet"],
+    }
+
+
+@pytest.mark.parametrize("accelerator,runtime,hosts", [
+    ("v4-8", "tpu-ubuntu2204-base", 1),
+    ("v5p-32", "v2-alpha-tpuv5", 4),
+])
+def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts):
+    name = f"t5-{accelerator}"
+    where = ["--zone=us-central2-b", "--project=my-proj", f"--accelerator-type={accelerator}",
+             "--dry-run"]
+    argv = {
+        "create": ["create", name, *where],
+        "setup": ["setup", name, *where],
+        "train": ["train", name, *where, "--config=configs/tiny_t5.py",
+                  "--workdir=gs://bkt/runs/a", "--set", "train.steps=100",
+                  "--env", "T5LITE_DATA_DIR=/mnt/data"],
+        "delete": ["delete", name, *where],
+    }
+    expected = expected_tpu_commands(name, accelerator, runtime)
+    for sub, args in argv.items():
+        r = tpu(*args)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == expected[sub], sub
+        assert f"{accelerator}: {hosts} host(s)" in r.stderr
+
+
+def test_tpu_dry_run_runs_nothing(tmp_path):
+    """--dry-run must not call gcloud or git: with an empty PATH it still succeeds."""
+    r = subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm.py"), "setup", "x",
+                        "--dry-run"], capture_output=True, text=True, env={"PATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["git", "gcloud", "gcloud"]
+
+
+def test_tpu_queued_spot_and_best_effort():
+    r = tpu("create", "q", "--zone=europe-west4-b", "--accelerator-type=v5litepod-16",
+            "--queued", "--spot", "--dry-run")
+    assert r.stdout.splitlines() == [
+        "gcloud compute tpus queued-resources create q --node-id=q "
+        "--accelerator-type=v5litepod-16 --runtime-version=v2-alpha-tpuv5-lite "
+        "--zone=europe-west4-b --spot"]
+    assert "v5litepod-16: 4 host(s)" in r.stderr
+    r = tpu("create", "q", "--accelerator-type=v6e-8", "--queued", "--best-effort",
+            "--runtime-version=my-runtime", "--dry-run")
+    assert r.stdout.splitlines() == [
+        "gcloud alpha compute tpus queued-resources create q --node-id=q "
+        "--accelerator-type=v6e-8 --runtime-version=my-runtime --best-effort"]
+    r = tpu("delete", "q", "--queued", "--dry-run")
+    assert r.stdout.splitlines() == ["gcloud compute tpus queued-resources delete q --force --quiet"]
+
+
+def test_tpu_setup_from_git_logs_and_stop():
+    r = tpu("setup", "n", "--repo=https://example.com/t5lite.git", "--branch=v1",
+            "--no-prepare-data", "--dry-run")
+    assert r.stdout.splitlines() == [
+        "gcloud compute tpus tpu-vm ssh n --worker=all --command 'set -e; rm -rf ~/t5lite && "
+        "git clone --depth 1 --branch v1 https://example.com/t5lite.git ~/t5lite && "
+        "cd ~/t5lite && python3 -m pip install --upgrade pip && "
+        "python3 -m pip install -e \".[tpu]\"'"]
+    r = tpu("logs", "n", "--worker=3", "--lines=20", "--dry-run")
+    assert r.stdout.splitlines() == [
+        "gcloud compute tpus tpu-vm ssh n --worker=3 --command 'tail -n 20 -f ~/t5lite-train.log'"]
+    r = tpu("stop", "n", "--dry-run")
+    assert "--worker=all" in r.stdout and "kill $(cat ~/t5lite-train.pid)" in r.stdout
+
+
+@pytest.mark.parametrize("accelerator,message", [
+    ("v4-7", "must be a multiple of 8"),
+    ("v5e-16", "use --accelerator-type=v5litepod-16"),
+    ("v5litepod-12", "must be one of 1, 4, 8, 16"),
+    ("v4p-8", "did you mean v4-8"),
+    ("tpu", "is not GENERATION-SIZE"),
+])
+def test_tpu_bad_accelerator_type_is_a_clear_error(accelerator, message):
+    r = tpu("create", "x", f"--accelerator-type={accelerator}", "--dry-run")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("tpu_vm.py: error:") and message in r.stderr
+
+
+def test_tpu_train_needs_gcs_workdir():
+    r = tpu("train", "x", "--config=c.py", "--workdir=/tmp/run", "--dry-run")
+    assert r.returncode == 2 and "gs://BUCKET/PATH" in r.stderr
+
+
+def test_tpu_hosts_per_slice():
+    hosts = {a: tpu_vm.parse_accelerator_type(a).hosts for a in [
+        "v2-8", "v3-32", "v4-8", "v4-16", "v4-32", "v4-128", "v5p-8", "v5p-32", "v5p-128",
+        "v5litepod-1", "v5litepod-8", "v5litepod-16", "v5litepod-256", "v6e-8", "v6e-64"]}
+    assert hosts == {"v2-8": 1, "v3-32": 4, "v4-8": 1, "v4-16": 2, "v4-32": 4, "v4-128": 16,
+                     "v5p-8": 1, "v5p-32": 4, "v5p-128": 16, "v5litepod-1": 1,
+                     "v5litepod-8": 1, "v5litepod-16": 4, "v5litepod-256": 64, "v6e-8": 1,
+                     "v6e-64": 16}
+
+
+# ----------------------------------------------------------------------------- SLURM, multinode
+
+
+SBATCH = os.path.join(LAUNCH, "slurm_train.sbatch")
+MULTINODE = os.path.join(LAUNCH, "multinode.sh")
+
+
+def test_shell_scripts_parse():
+    for script in (SBATCH, MULTINODE):
+        r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+
+def slurm_env(tmp_path, **env):
+    """Run the sbatch's env part with fake SLURM_* variables (no scontrol / nvidia-smi)."""
+    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    r = subprocess.run(["bash", SBATCH, "--print-env"], capture_output=True, text=True,
+                       env={**base, **env})
+    assert r.returncode == 0, r.stderr
+    return dict(line.split("=", 1) for line in r.stdout.splitlines())
+
+
+@pytest.mark.parametrize("nodelist,first", [
+    ("gpu[003-004,9],cpu1", "gpu003"), ("a1,b2", "a1"), ("node7", "node7"),
+    ("node[12,15]", "node12"), ("rack-[1-2]", "rack-1")])
+def test_slurm_env_derivation(tmp_path, nodelist, first):
+    env = slurm_env(tmp_path, SLURM_JOB_NODELIST=nodelist, SLURM_JOB_ID="123456",
+                    SLURM_NTASKS="16", SLURM_JOB_NUM_NODES="2", SLURM_PROCID="5")
+    # 123456 % 4096 + 61440: the port jax.distributed picks itself under SLURM.
+    assert env == {"T5LITE_COORDINATOR": f"{first}:62016", "T5LITE_NUM_PROCESSES": "16",
+                   "T5LITE_PROCESS_ID": "5"}
+
+
+def test_slurm_env_one_process_per_host_gets_all_gpus(tmp_path):
+    env = slurm_env(tmp_path, SLURM_JOB_NODELIST="h[1-4]", SLURM_JOB_ID="7", SLURM_NTASKS="4",
+                    SLURM_JOB_NUM_NODES="4", SLURM_GPUS_PER_NODE="a100:4", T5LITE_PORT="1234")
+    assert env == {"T5LITE_COORDINATOR": "h1:1234", "T5LITE_NUM_PROCESSES": "4",
+                   "JAX_LOCAL_DEVICE_IDS": "0,1,2,3"}
+
+
+def test_slurm_outside_a_job_fails_clearly():
+    r = subprocess.run(["bash", SBATCH, "--print-env"], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "submit with sbatch" in r.stderr
+
+
+def _fake_python(tmp_path):
+    """Stands in for `python3 -m t5lite.cli`: prints its process id and arguments."""
+    fake = tmp_path / "fake_python"
+    fake.write_text('#!/bin/bash\necho "$T5LITE_PROCESS_ID|$*"\n')
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_slurm_srun_runs_every_task_with_its_process_id(tmp_path):
+    srun = tmp_path / "srun"  # like srun on the nodes: one task per SLURM_PROCID, in order
+    srun.write_text(textwrap.dedent("""\
+        #!/bin/bash
+        [[ "$1" == --kill-on-bad-exit=1 ]] || { echo "missing --kill-on-bad-exit" >&2; exit 9; }
+        shift
+        for ((i = 0; i < SLURM_NTASKS; i++)); do SLURM_PROCID=$i "$@" || exit $?; done
+        """))
+    srun.chmod(0o755)
+    r = subprocess.run(
+        ["bash", SBATCH, "--config", "configs/tiny_t5.py", "--workdir", "/shared/run a"],
+        capture_output=True, text=True,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n[1-2]",
+             "SLURM_JOB_ID": "10", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2",
+             "T5LITE_PYTHON": _fake_python(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        f"{i}|-m t5lite.cli train --config configs/tiny_t5.py --workdir /shared/run a "
+        f"--set mesh.multihost=true --set mesh.coordinator_address=n1:61450 "
+        f"--set mesh.num_processes=2 --set mesh.process_id={i}" for i in range(2)]
+
+
+def test_multinode_passes_and_checks_the_env(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "T5LITE_PYTHON": _fake_python(tmp_path),
+           "T5LITE_COORDINATOR": "10.0.0.1:12355", "T5LITE_NUM_PROCESSES": "2",
+           "T5LITE_PROCESS_ID": "1"}
+    r = subprocess.run(["bash", MULTINODE, "--config", "c.py", "--workdir", "/w"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        "1|-m t5lite.cli train --config c.py --workdir /w --set mesh.multihost=true "
+        "--set mesh.coordinator_address=10.0.0.1:12355 --set mesh.num_processes=2 "
+        "--set mesh.process_id=1")
+    for bad in ({"T5LITE_PROCESS_ID": "2"}, {"T5LITE_COORDINATOR": "10.0.0.1"},
+                {"T5LITE_NUM_PROCESSES": ""}):
+        r = subprocess.run(["bash", MULTINODE], capture_output=True, text=True,
+                           env={**env, **bad})
+        assert r.returncode != 0 and "T5LITE_" in r.stderr and r.stdout == ""
+
+
+# ----------------------------------------------------------------------------- local processes
+
+
+def test_local_child_env_and_command():
+    env = local_multiprocess.child_env(
+        {"XLA_FLAGS": "--xla_cpu_x=1 --xla_force_host_platform_device_count=8", "A": "b"},
+        rank=1, num_processes=2, devices=4, coordinator="127.0.0.1:5")
+    assert env["XLA_FLAGS"] == "--xla_cpu_x=1 --xla_force_host_platform_device_count=4"
+    assert (env["T5LITE_PROCESS_ID"], env["T5LITE_NUM_PROCESSES"], env["A"]) == ("1", "2", "b")
+    cmd = local_multiprocess.child_command(["t5lite", "train", "--config", "c"], 1, 2, "h:5")
+    assert cmd == [sys.executable, "-m", "t5lite.cli", "train", "--config", "c",
+                   "--set", "mesh.multihost=true", "--set", "mesh.coordinator_address=h:5",
+                   "--set", "mesh.num_processes=2", "--set", "mesh.process_id=1"]
+    assert local_multiprocess.child_command(["python", "x.py"], 0, 2, "h:5") == ["python", "x.py"]
+
+
+def local(*argv, timeout=120):
+    return subprocess.run([sys.executable, os.path.join(LAUNCH, "local_multiprocess.py"), *argv],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_local_two_jax_processes_share_one_global_array():
+    """Each process contributes its rows; a jitted sum over the global array sees all 8."""
+    script = textwrap.dedent("""\
+        import os
+        import jax, jax.numpy as jnp, numpy as np
+        jax.distributed.initialize(os.environ["T5LITE_COORDINATOR"],
+                                   int(os.environ["T5LITE_NUM_PROCESSES"]),
+                                   int(os.environ["T5LITE_PROCESS_ID"]))
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+        rows = np.arange(4, dtype=np.float32) + 4 * jax.process_index()
+        x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), rows, (8,))
+        total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(x)
+        print("devices", jax.local_device_count(), jax.device_count(), "sum", float(total))
+        """)
+    r = local("-n", "2", "-d", "4", "--timeout", "100", "--", sys.executable, "-c", script)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if "sum" in ln]
+    assert sorted(lines) == ["[0] devices 4 8 sum 28.0", "[1] devices 4 8 sum 28.0"]
+
+
+def test_local_failure_kills_the_others_and_returns_its_status():
+    code = ("import os, sys, time\n"
+            "if os.environ['T5LITE_PROCESS_ID'] == '1': print('bye'); sys.exit(3)\n"
+            "print('waiting', flush=True); time.sleep(120)")
+    start = time.monotonic()
+    r = local("-n", "3", "-d", "1", "--", sys.executable, "-c", code)
+    assert r.returncode == 3
+    assert time.monotonic() - start < 60  # the sleepers were killed, not waited for
+    assert "[1] bye" in r.stdout and "process 1 exited with 3" in r.stderr
+
+
+def test_local_timeout_and_usage():
+    r = local("-n", "2", "--timeout", "2", "--", sys.executable, "-c",
+              "import time; time.sleep(60)")
+    assert r.returncode == 124 and "timeout" in r.stderr
+    r = local("-n", "2")
+    assert r.returncode == 2 and "give the command after --" in r.stderr
