@@ -68,6 +68,12 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype; params are always float32
     scan_layers: bool = True
     remat: str = "none"  # none | minimal | full
+    # Family details (defaults = T5). BERT/GPT-2 presets in t5lite/models/presets.py set them.
+    embed_norm: bool = False  # norm after summing embeddings (BERT)
+    scale_attn_logits: bool = False  # q.k / sqrt(head_dim); T5 folds it into the query init
+    scale_tied_logits: bool = True  # T5 v1.0: decoder output * d_model**-0.5 before tied head
+    init_std: float = 0.0  # 0 = T5X init (fan-in dense, N(0,1) embeddings); >0 = N(0, std)
+    rope_max_wavelength: float = 10000.0
     peft: PeftConfig = dataclasses.field(default_factory=PeftConfig)
 
 
@@ -113,6 +119,7 @@ class TrainConfig:
     eval_every: int = 0  # 0 = only at the end
     eval_steps: int = 10
     stop_on_nan: bool = True
+    peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = look up the device (none on CPU)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,180 @@
+"""Models: ``build_model(cfg)`` for every architecture, dummy batches, KV cache, param counts.
+
+See CONTRACTS.md ("Models") for the call conventions and architectures.py for the param tree.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5lite.errors import UserError
+from t5lite.models.architectures import ARCHITECTURES
+
+# Published parameter counts: HF T5ForConditionalGeneration (t5-small, t5-base,
+# google/t5-v1_1-base), BertModel incl. pooler (bert-base-uncased), GPT2LMHeadModel (gpt2).
+PUBLISHED = {
+    "t5_1_0_small": 60_506_624,
+    "t5_1_0_base": 222_903_552,
+    "t5_1_1_base": 247_577_856,
+    "bert_base": 109_482_240,
+    "gpt2_small": 124_439_808,
+}
+
+
+def _model_cfg(cfg):
+    return getattr(cfg, "model", cfg)  # accept a full Config too
+
+
+def check(cfg) -> None:
+    """Model-specific config errors, with what to do about them."""
+    if cfg.architecture not in ARCHITECTURES:
+        raise UserError(f"model.architecture={cfg.architecture!r}; use one of "
+                        f"{', '.join(ARCHITECTURES)}.")
+    if cfg.shared_encoder_decoder and cfg.architecture != "encoder_decoder":
+        raise UserError("model.shared_encoder_decoder=True needs architecture=encoder_decoder.")
+    if cfg.shared_encoder_decoder and cfg.num_encoder_layers != cfg.num_decoder_layers:
+        raise UserError("model.shared_encoder_decoder=True needs num_encoder_layers == "
+                        "num_decoder_layers (one set of layer weights).")
+    if cfg.num_classes > 0 and cfg.architecture == "encoder_decoder":
+        raise UserError("model.num_classes>0 is for encoder_only / decoder_only models; T5 "
+                        "classifies by generating the label text (set num_classes=0).")
+    if cfg.position == "rope" and cfg.head_dim % 2:
+        raise UserError(f"position=rope needs an even head_dim, got {cfg.head_dim}.")
+    if cfg.position == "sinusoidal" and cfg.d_model % 2:
+        raise UserError(f"position=sinusoidal needs an even d_model, got {cfg.d_model}.")
+
+
+def build_model(cfg) -> nn.Module:
+    """The flax module for ``cfg.architecture`` (a ModelConfig or a full Config)."""
+    cfg = _model_cfg(cfg)
+    check(cfg)
+    return ARCHITECTURES[cfg.architecture](cfg)
+
+
+def _decoder_length(cfg, feature_lengths: dict) -> int:
+    if cfg.architecture == "prefix_lm":  # PrefixLMFeatureConverter packs inputs + targets
+        return feature_lengths.get("inputs", 0) + feature_lengths["targets"]
+    return feature_lengths["targets"]
+
+
+def dummy_batch(cfg, batch_size: int, feature_lengths: dict) -> dict:
+    """int32 zeros (ones for segment ids / loss weights) with the keys the architecture reads."""
+    cfg = _model_cfg(cfg)
+    zeros = lambda n: np.zeros((batch_size, n), np.int32)  # noqa: E731
+    ones = lambda n: np.ones((batch_size, n), np.int32)  # noqa: E731
+    batch = {}
+    need = {"encoder_decoder": ("inputs", "targets"), "encoder_only": ("inputs",)}.get(
+        cfg.architecture, ("targets",))
+    missing = [k for k in need if k not in feature_lengths]
+    if missing:
+        raise UserError(f"data.feature_lengths needs {missing} for architecture "
+                        f"{cfg.architecture}, got {feature_lengths}.")
+    if cfg.architecture in ("encoder_decoder", "encoder_only"):
+        n = feature_lengths["inputs"]
+        batch.update(encoder_input_tokens=zeros(n), encoder_segment_ids=ones(n),
+                     encoder_positions=zeros(n))
+    if cfg.architecture == "encoder_only":
+        n = feature_lengths["inputs"]
+        batch.update(encoder_target_tokens=zeros(n), encoder_loss_weights=ones(n))
+        if cfg.num_token_types > 0:
+            batch["encoder_token_type_ids"] = zeros(n)
+        if cfg.nsp_head:
+            batch["nsp_labels"] = np.zeros((batch_size,), np.int32)
+    else:
+        n = (feature_lengths["targets"] if cfg.architecture == "encoder_decoder"
+             else _decoder_length(cfg, feature_lengths))
+        batch.update(decoder_input_tokens=zeros(n), decoder_target_tokens=zeros(n),
+                     decoder_loss_weights=ones(n), decoder_segment_ids=ones(n),
+                     decoder_positions=zeros(n))
+        if cfg.architecture == "prefix_lm":
+            batch["decoder_causal_attention"] = zeros(n)
+    if cfg.num_classes > 0:
+        batch["class_labels"] = np.zeros((batch_size,), np.int32)
+    return batch
+
+
+def init_cache(model, params, batch_size: int, max_length: int, encoder_input_tokens=None):
+    """An empty decoding cache (flax "cache" collection) for ``max_length`` decoder tokens."""
+    cfg = model.cfg
+    if cfg.architecture == "encoder_only":
+        raise UserError("encoder_only models (BERT) do not decode; use an encoder_decoder, "
+                        "decoder_only or prefix_lm model.")
+    tokens = jnp.zeros((batch_size, max_length), jnp.int32)
+    kwargs = {}
+    if cfg.architecture == "encoder_decoder":
+        if encoder_input_tokens is None:
+            raise UserError("init_cache for an encoder_decoder model needs encoder_input_tokens.")
+        n = encoder_input_tokens.shape[1]
+        kwargs = dict(encoded=jnp.zeros((batch_size, n, cfg.d_model), jnp.dtype(cfg.dtype)),
+                      encoder_input_tokens=jnp.zeros((batch_size, n), jnp.int32))
+
+    def shapes(params):
+        _, variables = model.apply({"params": params}, tokens, decode=True, mutable=["cache"],
+                                   method="decode", **kwargs)
+        return variables["cache"]
+
+    abstract = jax.eval_shape(shapes, params)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
+
+
+HEAD_PREFIXES = ("mlm_", "nsp_", "class_")
+
+
+def abstract_params(cfg, feature_length: int = 8):
+    """Boxed parameter shapes via jax.eval_shape (nothing allocated)."""
+    cfg = _model_cfg(cfg)
+    model = build_model(cfg)
+    lengths = {"inputs": feature_length, "targets": feature_length}
+    batch = dummy_batch(cfg, 1, lengths)
+    rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+    return jax.eval_shape(lambda: model.init(rngs, batch, deterministic=True))["params"]
+
+
+def count_params(cfg, heads: bool = True) -> int:
+    """Number of parameters; ``heads=False`` leaves out task heads (MLM, NSP, classifier)."""
+    return _counts(abstract_params(cfg))[0 if heads else 1]
+
+
+def _counts(params) -> tuple[int, int]:
+    """(all params, params outside the task heads) of a (boxed or abstract) param tree."""
+    total = body = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
+        n = math.prod(leaf.shape)
+        total += n
+        body += 0 if str(getattr(path[0], "key", path[0])).startswith(HEAD_PREFIXES) else n
+    return total, body
+
+
+def param_count_table(names=None) -> str:
+    """One row per model config under configs/ (top level) with its parameter count."""
+    from t5lite import config as config_lib
+
+    if not names:
+        names = sorted(n for n in config_lib.available_configs() if "/" not in n)
+    rows = [("config", "architecture", "d_model", "layers", "params", "w/o heads", "published")]
+    for name in names:
+        cfg = config_lib.load_config(name).model
+        total, body = _counts(abstract_params(cfg))
+        n_layers = {"encoder_decoder": f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers}",
+                    "encoder_only": str(cfg.num_encoder_layers)}.get(
+            cfg.architecture, str(cfg.num_decoder_layers))
+        pub = PUBLISHED.get(name)
+        pub_s = f"{pub / 1e6:.1f}M ({100 * (body - pub) / pub:+.2f}%)" if pub else ""
+        rows.append((name, cfg.architecture, str(cfg.d_model), n_layers, _human(total),
+                     _human(body), pub_s))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("params: every trainable parameter. w/o heads: without task heads (BERT MLM "
+                 "transform + output bias, NSP, classifier), i.e. BertModel with pooler; "
+                 "T5 and GPT-2 count their (tied or untied) LM head.")
+    return "\n".join(lines)
+
+
+def _human(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

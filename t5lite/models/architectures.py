@@ -1,0 +1,206 @@
+"""The three model families as thin wrappers around Stack: EncoderDecoder (T5), DecoderOnly (GPT,
+LM, prefix LM) and EncoderOnly (BERT). Variants are ModelConfig fields, never subclasses.
+
+Parameter tree (T5X layout; ``layers`` is the scanned stack with a leading [num_layers] axis,
+``layers_0 ... layers_{N-1}`` when cfg.scan_layers=False). Kernels: query/key/value [D, H, K]
+("embed", "heads", "kv"), out [H, K, D]; mlp wi / wi_0 / wi_1 [D, F] ("embed", "mlp"), wo [F, D];
+norms have ``scale`` [D] (+ ``bias`` for layernorm); ``bias`` on dense layers when cfg.use_bias.
+
+EncoderDecoder (T5)::
+
+    token_embedder/embedding                         [V, D] (shared by encoder, decoder, tied head)
+    encoder/relpos_bias/rel_embedding                [H, buckets]  (position="relative")
+    encoder/position_embedder/embedding              [max_length, D] (position="learned")
+    encoder/layers/pre_attention_layer_norm/scale
+    encoder/layers/attention/{query,key,value,out}/kernel
+    encoder/layers/pre_mlp_layer_norm/scale
+    encoder/layers/mlp/{wi | wi_0, wi_1}/kernel, mlp/wo/kernel
+    encoder/encoder_norm/scale
+    decoder/relpos_bias/rel_embedding
+    decoder/layers/pre_self_attention_layer_norm/scale
+    decoder/layers/self_attention/{query,key,value,out}/kernel
+    decoder/layers/pre_cross_attention_layer_norm/scale
+    decoder/layers/encoder_decoder_attention/{query,key,value,out}/kernel
+    decoder/layers/pre_mlp_layer_norm/scale
+    decoder/layers/mlp/...
+    decoder/decoder_norm/scale
+    decoder/logits_dense/kernel                      [D, V] (tie_embeddings=False, T5 v1.1)
+
+  shared_encoder_decoder=True: no encoder/layers; the encoder runs decoder/layers (skipping
+  their cross-attention). Relative biases and final norms stay separate.
+
+DecoderOnly (GPT-2: position="learned", layernorm with bias, use_bias=True)::
+
+    token_embedder/embedding                         [V, D] (tied LM head, no rescale)
+    decoder/position_embedder/embedding              [max_length, D]
+    decoder/layers/{pre_self_attention_layer_norm, self_attention, pre_mlp_layer_norm, mlp}/...
+    decoder/decoder_norm/{scale, bias}
+    decoder/logits_dense/kernel                      (tie_embeddings=False)
+    class_dense/{kernel [D, C], bias [C]}            (num_classes > 0)
+
+EncoderOnly (BERT: post-norm, embed_norm, token types, use_bias=True)::
+
+    token_embedder/embedding                         [V, D]
+    encoder/position_embedder/embedding              [max_length, D]
+    encoder/token_type_embedder/embedding            [num_token_types, D]
+    encoder/embed_norm/{scale, bias}                 (embedding LayerNorm)
+    encoder/layers/attention/{query,key,value,out}/{kernel, bias}
+    encoder/layers/post_attention_layer_norm/{scale, bias}
+    encoder/layers/mlp/{wi, wo}/{kernel, bias}
+    encoder/layers/post_mlp_layer_norm/{scale, bias}
+    mlm_dense/{kernel [D, D], bias}, mlm_norm/{scale, bias}   (MLM transform)
+    mlm_bias                                         [V] (output bias; output tied to embedding)
+    pooler/{kernel [D, D], bias}                     (pooler or nsp_head; tanh on [CLS])
+    nsp_dense/{kernel [D, 2], bias}                  (nsp_head)
+    class_dense/{kernel [D, C], bias}                (num_classes > 0; on the pooled [CLS])
+
+Heads (mlm_*, nsp_dense, class_dense) are what ``count_params(cfg, heads=False)`` leaves out.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from t5lite.models import layers as L
+from t5lite.models.transformer import Stack
+
+
+def _token_embedder(cfg):
+    return L.Embed(cfg.vocab_size, cfg.d_model, ("vocab", "embed"), L.compute_dtype(cfg),
+                   L.embed_init(cfg))
+
+
+def _dense(cfg, features: int, axes, name=None):
+    return L.DenseGeneral((features,), axes, use_bias=True, dtype=L.compute_dtype(cfg),
+                          init=L.kernel_init(cfg), name=name)
+
+
+class EncoderDecoder(nn.Module):
+    """T5: encoder over inputs, decoder over shifted targets with cross-attention."""
+
+    cfg: object
+
+    def setup(self):
+        self.token_embedder = _token_embedder(self.cfg)
+        self.encoder = Stack(self.cfg, "encoder", self.token_embedder)
+        self.decoder = Stack(self.cfg, "decoder", self.token_embedder, cross=True)
+
+    def __call__(self, batch, deterministic=True):
+        encoded_BSD = self.encode(batch["encoder_input_tokens"], batch.get("encoder_segment_ids"),
+                                  batch.get("encoder_positions"), deterministic)
+        logits_BLV = self.decode(batch["decoder_input_tokens"], encoded_BSD,
+                                 batch["encoder_input_tokens"], batch.get("decoder_positions"),
+                                 batch.get("decoder_segment_ids"),
+                                 batch.get("encoder_segment_ids"), deterministic=deterministic)
+        return {"logits": logits_BLV}
+
+    def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
+               deterministic=True):
+        shared = self.decoder.layers if self.cfg.shared_encoder_decoder else None
+        return self.encoder(encoder_input_tokens, encoder_positions, encoder_segment_ids,
+                            deterministic=deterministic, layers=shared)
+
+    def decode(self, decoder_input_tokens, encoded, encoder_input_tokens, decoder_positions=None,
+               decoder_segment_ids=None, encoder_segment_ids=None, decode=False,
+               deterministic=True):
+        x_BLD = self.decoder(decoder_input_tokens, decoder_positions, decoder_segment_ids,
+                             encoded_BSD=encoded, encoder_tokens_BS=encoder_input_tokens,
+                             encoder_segments_BS=encoder_segment_ids,
+                             deterministic=deterministic, decode=decode)
+        return self.decoder.logits(x_BLD)
+
+
+class DecoderOnly(nn.Module):
+    """GPT-style LM; architecture="prefix_lm" makes the decoder_causal_attention part
+    bidirectional. num_classes > 0 adds a classifier on the last non-padding token."""
+
+    cfg: object
+
+    def setup(self):
+        self.token_embedder = _token_embedder(self.cfg)
+        self.decoder = Stack(self.cfg, "decoder", self.token_embedder)
+        if self.cfg.num_classes > 0:
+            self.class_dense = _dense(self.cfg, self.cfg.num_classes, ("embed", "classes"))
+
+    def __call__(self, batch, deterministic=True):
+        tokens_BL = batch["decoder_input_tokens"]
+        segments_BL = batch.get("decoder_segment_ids")
+        x_BLD = self.decoder(tokens_BL, batch.get("decoder_positions"), segments_BL,
+                             prefix_BL=batch.get("decoder_causal_attention"),
+                             deterministic=deterministic)
+        out = {"logits": self.decoder.logits(x_BLD)}
+        if self.cfg.num_classes > 0:
+            if segments_BL is not None:
+                real_BL = segments_BL != 0
+            elif "decoder_target_tokens" in batch:
+                real_BL = batch["decoder_target_tokens"] != 0
+            else:
+                real_BL = jnp.ones(tokens_BL.shape, bool)
+            last_B = jnp.maximum(jnp.sum(real_BL, axis=1) - 1, 0)
+            x_BD = jnp.take_along_axis(x_BLD, last_B[:, None, None], axis=1)[:, 0]
+            out["class_logits"] = self.class_dense(x_BD).astype(jnp.float32)
+        return out
+
+    def decode(self, decoder_input_tokens, encoded=None, encoder_input_tokens=None,
+               decoder_positions=None, decoder_segment_ids=None, encoder_segment_ids=None,
+               decode=False, deterministic=True, decoder_causal_attention=None):
+        """Same call as EncoderDecoder.decode (encoded / encoder_* are unused here);
+        decoder_causal_attention marks a prefix-LM prompt chunk as bidirectional."""
+        x_BLD = self.decoder(decoder_input_tokens, decoder_positions, decoder_segment_ids,
+                             prefix_BL=decoder_causal_attention, deterministic=deterministic,
+                             decode=decode)
+        return self.decoder.logits(x_BLD)
+
+
+class EncoderOnly(nn.Module):
+    """BERT: bidirectional encoder with MLM head (always), pooler / NSP / classifier heads."""
+
+    cfg: object
+
+    def setup(self):
+        cfg = self.cfg
+        self.token_embedder = _token_embedder(cfg)
+        self.encoder = Stack(cfg, "encoder", self.token_embedder)
+        self.mlm_dense = _dense(cfg, cfg.d_model, ("embed", "mlp"))
+        self.mlm_norm = L.Norm(cfg.norm, cfg.norm_eps, L.compute_dtype(cfg))
+        self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(
+            nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), jnp.float32)
+        if not cfg.tie_embeddings:
+            self.logits_dense = L.DenseGeneral((cfg.vocab_size,), ("embed", "vocab"),
+                                               dtype=L.compute_dtype(cfg), init=L.kernel_init(cfg))
+        if cfg.pooler or cfg.nsp_head:
+            self.pooler = _dense(cfg, cfg.d_model, ("mlp", "embed"))
+        if cfg.nsp_head:
+            self.nsp_dense = _dense(cfg, 2, ("embed", "classes"))
+        if cfg.num_classes > 0:
+            self.class_dense = _dense(cfg, cfg.num_classes, ("embed", "classes"))
+
+    def __call__(self, batch, deterministic=True):
+        cfg = self.cfg
+        x_BLD = self.encoder(batch["encoder_input_tokens"], batch.get("encoder_positions"),
+                             batch.get("encoder_segment_ids"), batch.get("encoder_token_type_ids"),
+                             deterministic=deterministic)
+        h_BLD = self.mlm_norm(L.ACTIVATIONS[cfg.ffn](self.mlm_dense(x_BLD)))
+        if cfg.tie_embeddings:
+            logits_BLV = self.token_embedder.attend(h_BLD)
+        else:
+            logits_BLV = self.logits_dense(h_BLD)
+        logits_BLV = logits_BLV.astype(jnp.float32) + self.mlm_bias
+        out = {"logits": L.constrain(logits_BLV, ("batch", "length", "vocab"))}
+        cls_BD = x_BLD[:, 0]
+        if cfg.pooler or cfg.nsp_head:
+            cls_BD = jnp.tanh(self.pooler(cls_BD))
+        if cfg.nsp_head:
+            out["nsp_logits"] = self.nsp_dense(cls_BD).astype(jnp.float32)
+        if cfg.num_classes > 0:
+            out["class_logits"] = self.class_dense(cls_BD).astype(jnp.float32)
+        return out
+
+
+ARCHITECTURES = {
+    "encoder_decoder": EncoderDecoder,
+    "decoder_only": DecoderOnly,
+    "prefix_lm": DecoderOnly,
+    "encoder_only": EncoderOnly,
+}

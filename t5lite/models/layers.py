@@ -1,0 +1,324 @@
+"""Building blocks: dense / embedding with logical axes, norms, position schemes, attention, MLP.
+
+Shapes: B batch, L / T query length, S key length, D embed, H heads, K head dim, F mlp, V vocab.
+Every parameter is boxed with its logical axis names (nn.with_logical_partitioning); large
+activations are constrained with nn.with_logical_constraint. Params are float32; computation
+runs in ``dtype`` (softmax and norms in float32).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NEG_INF = -1e10  # additive mask value (finite: fully masked rows stay NaN-free)
+
+Axes = tuple[str, ...]
+
+
+def compute_dtype(cfg) -> jnp.dtype:
+    return jnp.dtype(cfg.dtype)
+
+
+def constrain(x, axes: Axes):
+    return nn.with_logical_constraint(x, axes)
+
+
+def kernel_init(cfg, scale: float = 1.0) -> Callable:
+    """T5X: truncated-normal fan-in init (times ``scale``); BERT/GPT-2: N(0, init_std)."""
+    if cfg.init_std > 0:
+        return nn.initializers.normal(cfg.init_std)
+    return nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal")
+
+
+def embed_init(cfg) -> Callable:
+    return nn.initializers.normal(cfg.init_std if cfg.init_std > 0 else 1.0)
+
+
+class DenseGeneral(nn.Module):
+    """y = x . W (+ b) contracting the trailing ``len(in_axes)`` dims of x into ``features``.
+
+    The kernel is initialised as a 2-D (fan_in, fan_out) matrix then reshaped, so fan-in is
+    the product of the contracted dims (as in T5X).
+    """
+
+    features: Sequence[int]
+    kernel_axes: Axes  # logical names of the kernel: contracted dims then feature dims
+    n_in: int = 1  # how many trailing input dims are contracted
+    use_bias: bool = False
+    dtype: jnp.dtype = jnp.float32
+    init: Callable = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+    @nn.compact
+    def __call__(self, x):
+        features = tuple(self.features)
+        in_shape = x.shape[-self.n_in:]
+        shape = in_shape + features
+
+        def init_fn(key, shape, dtype=jnp.float32):
+            flat = (int(np.prod(in_shape)), int(np.prod(features)))
+            return self.init(key, flat, dtype).reshape(shape)
+
+        kernel = self.param("kernel", nn.with_logical_partitioning(init_fn, self.kernel_axes),
+                            shape, jnp.float32)
+        x = x.astype(self.dtype)
+        contract = tuple(range(x.ndim - self.n_in, x.ndim))
+        y = jax.lax.dot_general(x, kernel.astype(self.dtype),
+                                ((contract, tuple(range(self.n_in))), ((), ())))
+        if self.use_bias:
+            bias = self.param("bias", nn.with_logical_partitioning(
+                nn.initializers.zeros, self.kernel_axes[self.n_in:]), features, jnp.float32)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+class Embed(nn.Module):
+    """Lookup table [num, D]; ``attend`` gives the tied output projection x . E^T."""
+
+    num_embeddings: int
+    features: int
+    axes: Axes = ("vocab", "embed")
+    dtype: jnp.dtype = jnp.float32
+    init: Callable = nn.initializers.normal(1.0)
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding", nn.with_logical_partitioning(self.init, self.axes),
+            (self.num_embeddings, self.features), jnp.float32)
+
+    def __call__(self, ids):
+        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+    def attend(self, x):
+        return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype))
+
+
+class Norm(nn.Module):
+    """RMSNorm (T5: scale only, no mean subtraction) or LayerNorm (scale and bias)."""
+
+    kind: str = "rmsnorm"
+    eps: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        d = x.shape[-1]
+        x32 = x.astype(jnp.float32)
+        if self.kind == "layernorm":
+            x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        scale = self.param("scale", nn.with_logical_partitioning(
+            nn.initializers.ones, ("embed",)), (d,), jnp.float32)
+        y = y * scale
+        if self.kind == "layernorm":
+            bias = self.param("bias", nn.with_logical_partitioning(
+                nn.initializers.zeros, ("embed",)), (d,), jnp.float32)
+            y = y + bias
+        return y.astype(self.dtype)
+
+
+def make_norm(cfg, name: str) -> Norm:
+    return Norm(kind=cfg.norm, eps=cfg.norm_eps, dtype=compute_dtype(cfg), name=name)
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+def sinusoidal(positions_BL, d: int, max_wavelength: float = 10000.0):
+    """Fixed [sin | cos] position encodings (Vaswani et al.), shape [B, L, d]."""
+    half = d // 2
+    inv_freq = max_wavelength ** (-np.arange(half, dtype=np.float32) / max(half - 1, 1))
+    angle = positions_BL[..., None].astype(jnp.float32) * inv_freq
+    return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
+
+
+def apply_rope(x_BLHK, positions_BL, max_wavelength: float = 10000.0):
+    """Rotary embedding (rotate-half form) over the full head dim."""
+    k = x_BLHK.shape[-1]
+    inv_freq = max_wavelength ** (-np.arange(0, k, 2, dtype=np.float32) / k)
+    angle = positions_BL[..., None].astype(jnp.float32) * inv_freq  # [B, L, K/2]
+    sin, cos = jnp.sin(angle)[:, :, None, :], jnp.cos(angle)[:, :, None, :]
+    x1, x2 = jnp.split(x_BLHK.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BLHK.dtype)
+
+
+def alibi_bias(q_pos_BQ, k_pos_BS, num_heads: int):
+    """ALiBi: -slope_h * |q - k|, geometric slopes (Press et al.); shape [B, H, Q, S]."""
+    def slopes(n):
+        start = 2 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+    p = 2 ** math.floor(math.log2(num_heads))
+    s = slopes(p) + slopes(2 * p)[0::2][:num_heads - p]
+    dist = jnp.abs(q_pos_BQ[:, :, None] - k_pos_BS[:, None, :]).astype(jnp.float32)
+    return -jnp.asarray(s, jnp.float32)[None, :, None, None] * dist[:, None]
+
+
+class RelativePositionBias(nn.Module):
+    """T5 bucketed relative position bias, one scalar per (bucket, head), shared by all layers."""
+
+    num_buckets: int
+    max_distance: int
+    num_heads: int
+    bidirectional: bool
+
+    def bucket(self, rel):  # rel = key_pos - query_pos
+        n = self.num_buckets
+        ret = 0
+        if self.bidirectional:
+            n //= 2
+            ret = (rel > 0).astype(jnp.int32) * n
+            rel = jnp.abs(rel)
+        else:
+            rel = jnp.maximum(-rel, 0)
+        max_exact = n // 2
+        is_small = rel < max_exact
+        large = max_exact + (
+            jnp.log(rel.astype(jnp.float32) / max_exact + np.finfo(np.float32).eps)
+            / math.log(self.max_distance / max_exact) * (n - max_exact)).astype(jnp.int32)
+        large = jnp.minimum(large, n - 1)
+        return ret + jnp.where(is_small, rel, large)
+
+    @nn.compact
+    def __call__(self, q_pos_BQ, k_pos_BS):
+        table_HN = self.param("rel_embedding", nn.with_logical_partitioning(
+            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            ("heads", "relpos_buckets")), (self.num_heads, self.num_buckets), jnp.float32)
+        buckets_BQS = self.bucket(k_pos_BS[:, None, :] - q_pos_BQ[:, :, None])
+        return jnp.transpose(table_HN[:, buckets_BQS], (1, 0, 2, 3))  # [B, H, Q, S]
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention; masks and position biases arrive as one additive bias.
+
+    decode=True appends this call's T keys/values at ``cache_index`` in the "cache" collection
+    and attends over the whole cache (the bias then has the cache length as its key axis).
+    """
+
+    cfg: object
+
+    @nn.compact
+    def __call__(self, x_BTD, kv_BSD, bias_BHTS, rope_pos_BT=None, deterministic=True,
+                 decode=False, cache_index=None):
+        cfg = self.cfg
+        dtype = compute_dtype(cfg)
+        h, k = cfg.num_heads, cfg.head_dim
+        t5_query_scale = 1.0 if (cfg.scale_attn_logits or cfg.init_std > 0) else k ** -0.5
+        proj = functools.partial(DenseGeneral, features=(h, k), kernel_axes=("embed", "heads", "kv"),
+                                 use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg))
+        q_BTHK = proj(name="query", init=kernel_init(cfg, t5_query_scale))(x_BTD)
+        k_BSHK = proj(name="key")(kv_BSD)
+        v_BSHK = proj(name="value")(kv_BSD)
+        if rope_pos_BT is not None:  # self-attention with RoPE: keys share the query positions
+            q_BTHK = apply_rope(q_BTHK, rope_pos_BT, cfg.rope_max_wavelength)
+            k_BSHK = apply_rope(k_BSHK, rope_pos_BT, cfg.rope_max_wavelength)
+        if decode:
+            k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK, cache_index)
+        axes = ("batch", "length", "heads", "kv")
+        q_BTHK, k_BSHK, v_BSHK = (constrain(a, axes) for a in (q_BTHK, k_BSHK, v_BSHK))
+        if cfg.scale_attn_logits:
+            q_BTHK = q_BTHK * jnp.asarray(k ** -0.5, dtype)
+        logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
+        weights_BHTS = jax.nn.softmax(logits_BHTS + bias_BHTS, axis=-1).astype(dtype)
+        weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS, deterministic=deterministic)
+        out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
+        out_BTD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("heads", "kv", "embed"),
+                               n_in=2, use_bias=cfg.use_bias, dtype=dtype,
+                               init=kernel_init(cfg), name="out")(out_BTHK)
+        return constrain(out_BTD, ("batch", "length", "embed"))
+
+    def _update_cache(self, k_BTHK, v_BTHK, index):
+        """Write T new keys/values at ``index``; return the full cached keys/values."""
+        initialized = self.has_variable("cache", "cached_key")
+        ck = self.variable("cache", "cached_key", jnp.zeros, k_BTHK.shape, k_BTHK.dtype)
+        cv = self.variable("cache", "cached_value", jnp.zeros, v_BTHK.shape, v_BTHK.dtype)
+        if not initialized:  # init_cache: shapes only, cache stays empty
+            return k_BTHK, v_BTHK
+        start = (0, index, 0, 0)
+        ck.value = jax.lax.dynamic_update_slice(ck.value, k_BTHK.astype(ck.value.dtype), start)
+        cv.value = jax.lax.dynamic_update_slice(cv.value, v_BTHK.astype(cv.value.dtype), start)
+        return ck.value, cv.value
+
+
+# ----------------------------------------------------------------------------- MLP
+
+ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+    "silu": nn.silu,
+    # gated (GLU family, Shazeer 2020): act(x W0) * (x W1). geglu uses tanh-gelu as T5 v1.1.
+    "glu": nn.sigmoid,
+    "geglu": functools.partial(nn.gelu, approximate=True),
+    "reglu": nn.relu,
+    "swiglu": nn.silu,
+    "bilinear": lambda x: x,
+}
+GATED = ("glu", "geglu", "reglu", "swiglu", "bilinear")
+
+
+class MLP(nn.Module):
+    """Feed-forward block: wi -> act -> dropout -> wo, or gated wi_0 / wi_1 for GLU variants."""
+
+    cfg: object
+
+    @nn.compact
+    def __call__(self, x_BLD, deterministic=True):
+        cfg = self.cfg
+        dtype = compute_dtype(cfg)
+        act = ACTIVATIONS[cfg.ffn]
+        dense = functools.partial(DenseGeneral, features=(cfg.d_ff,), kernel_axes=("embed", "mlp"),
+                                  use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg))
+        if cfg.ffn in GATED:
+            h_BLF = act(dense(name="wi_0")(x_BLD)) * dense(name="wi_1")(x_BLD)
+        else:
+            h_BLF = act(dense(name="wi")(x_BLD))
+        h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
+        h_BLF = nn.Dropout(cfg.dropout_rate)(h_BLF, deterministic=deterministic)
+        out_BLD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("mlp", "embed"),
+                               use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg),
+                               name="wo")(h_BLF)
+        return constrain(out_BLD, ("batch", "length", "embed"))
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def attention_bias(mask_BQS) -> jnp.ndarray:
+    """Boolean mask [B, Q, S] -> additive float32 bias [B, 1, Q, S]."""
+    return jnp.where(mask_BQS, 0.0, NEG_INF).astype(jnp.float32)[:, None]
+
+
+def self_attention_mask(valid_BL, segments_BL=None, causal=False, prefix_BL=None):
+    """Which keys each query may see: same segment, valid key, and causal / prefix-LM rules."""
+    mask = valid_BL[:, None, :] & valid_BL[:, :, None]
+    if segments_BL is not None:
+        mask &= segments_BL[:, :, None] == segments_BL[:, None, :]
+    if causal:
+        n = valid_BL.shape[1]
+        allowed = jnp.tril(jnp.ones((n, n), bool))[None]
+        if prefix_BL is not None:  # bidirectional inside the prefix
+            p = prefix_BL.astype(bool)
+            allowed = allowed | (p[:, :, None] & p[:, None, :])
+        mask &= allowed
+    return mask
+
+
+def cross_attention_mask(q_valid_BT, k_valid_BS, q_segments_BT=None, k_segments_BS=None):
+    mask = q_valid_BT[:, :, None] & k_valid_BS[:, None, :]
+    if q_segments_BT is not None and k_segments_BS is not None:
+        mask &= q_segments_BT[:, :, None] == k_segments_BS[:, None, :]
+    return mask
+
+
+def maybe(x: Optional[jnp.ndarray], default):
+    return default if x is None else x

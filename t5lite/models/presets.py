@@ -1,0 +1,137 @@
+"""Published model sizes as Config builders, so each configs/*.py file is three lines.
+
+Sizes (d_model, d_ff, num_heads, head_dim, layers per stack) follow the released checkpoints:
+T5 v1.0 (Raffel et al. 2020), T5 v1.1 (GeGLU, untied head, no pretraining dropout), BERT
+(Devlin et al. 2019) and GPT-2 (Radford et al. 2019). "tiny" sizes run the tests and the
+quickstart on a laptop CPU with the project's 8k SentencePiece vocabulary (8000 pieces + 100
+sentinels = 8100, padded to 8192).
+"""
+
+from __future__ import annotations
+
+from t5lite.config import Config, DataConfig, ModelConfig, OptimizerConfig, TrainConfig
+from t5lite.errors import UserError
+
+TINY_VOCAB = 8192
+
+T5_1_0 = {  # d_model, d_ff, heads, head_dim, layers
+    "tiny": (128, 512, 4, 32, 2),
+    "small": (512, 2048, 8, 64, 6),
+    "base": (768, 3072, 12, 64, 12),
+    "large": (1024, 4096, 16, 64, 24),
+    "3b": (1024, 16384, 32, 128, 24),
+    "11b": (1024, 65536, 128, 128, 24),
+}
+T5_1_1 = {
+    "tiny": (128, 384, 4, 32, 2),
+    "small": (512, 1024, 6, 64, 8),
+    "base": (768, 2048, 12, 64, 12),
+    "large": (1024, 2816, 16, 64, 24),
+    "xl": (2048, 5120, 32, 64, 24),
+    "xxl": (4096, 10240, 64, 64, 24),
+}
+BERT = {
+    "tiny": (128, 512, 4, 32, 2),
+    "base": (768, 3072, 12, 64, 12),
+    "large": (1024, 4096, 16, 64, 24),
+}
+GPT2 = {
+    "tiny": (128, 512, 4, 32, 2),
+    "small": (768, 3072, 12, 64, 12),
+    "medium": (1024, 4096, 16, 64, 24),
+    "large": (1280, 5120, 20, 64, 36),
+}
+BIG = ("3b", "11b", "xl", "xxl")  # rematerialise these by default
+
+
+def _size(table: dict, family: str, size: str):
+    if size not in table:
+        raise UserError(f"unknown {family} size {size!r}; choose from {', '.join(table)}.")
+    return table[size]
+
+
+def _common(size: str, d, f, h, k) -> dict:
+    return dict(d_model=d, d_ff=f, num_heads=h, head_dim=k,
+                dtype="float32" if size == "tiny" else "bfloat16",
+                remat="full" if size in BIG else "none")
+
+
+def _t5(version: str, table: dict, size: str, **model) -> Config:
+    d, f, h, k, n = _size(table, f"T5 {version}", size)
+    m = ModelConfig(architecture="encoder_decoder", num_encoder_layers=n, num_decoder_layers=n,
+                    vocab_size=TINY_VOCAB if size == "tiny" else 32128, position="relative",
+                    norm="rmsnorm", norm_eps=1e-6, pre_norm=True, **_common(size, d, f, h, k),
+                    **model)
+    if size == "tiny":
+        data = DataConfig("corpus_span_corruption", {"inputs": 128, "targets": 32}, batch_size=32)
+        optim = OptimizerConfig("adafactor", learning_rate=1e-2, schedule="rsqrt", warmup_steps=100)
+        train = TrainConfig(steps=2000, eval_every=500)
+    else:
+        data = DataConfig("corpus_span_corruption_t5", {"inputs": 512, "targets": 114},
+                          batch_size=128)
+        optim = OptimizerConfig("adafactor", learning_rate=1e-2, schedule="rsqrt",
+                                warmup_steps=10000)
+        train = TrainConfig(steps=2 ** 19, eval_every=5000)
+    return Config(name=f"t5_{version.replace('.', '_')}_{size}", model=m, data=data, optim=optim,
+                  train=train)
+
+
+def t5_1_0(size: str) -> Config:
+    """T5 v1.0: ReLU MLP, tied embeddings with d_model**-0.5 output rescale, dropout 0.1."""
+    return _t5("1.0", T5_1_0, size, ffn="relu", tie_embeddings=True, scale_tied_logits=True,
+               dropout_rate=0.1)
+
+
+def t5_1_1(size: str) -> Config:
+    """T5 v1.1: GeGLU MLP, separate logits_dense, no dropout during pretraining."""
+    return _t5("1.1", T5_1_1, size, ffn="geglu", tie_embeddings=False, scale_tied_logits=False,
+               dropout_rate=0.0)
+
+
+def bert(size: str) -> Config:
+    """BERT: post-norm LayerNorm (eps 1e-12), exact GELU, biases, 2 token types, 512 learned
+    positions, embedding LayerNorm, pooler. NSP is off (set model.nsp_head=True for it)."""
+    d, f, h, k, n = _size(BERT, "BERT", size)
+    tiny = size == "tiny"
+    m = ModelConfig(architecture="encoder_only", num_encoder_layers=n, num_decoder_layers=0,
+                    vocab_size=TINY_VOCAB if tiny else 30522, position="learned",
+                    max_length=128 if tiny else 512, num_token_types=2, norm="layernorm",
+                    norm_eps=1e-12, pre_norm=False, embed_norm=True, ffn="gelu", use_bias=True,
+                    tie_embeddings=True, scale_tied_logits=False, scale_attn_logits=True,
+                    init_std=0.02, pooler=True, dropout_rate=0.1, **_common(size, d, f, h, k))
+    if tiny:
+        data = DataConfig("corpus_mlm", {"inputs": 128}, batch_size=32)
+        optim = OptimizerConfig("adamw", learning_rate=1e-3, schedule="linear", warmup_steps=100,
+                                weight_decay=0.01, eps=1e-6)
+        train = TrainConfig(steps=2000, z_loss=0.0, eval_every=500)
+    else:
+        data = DataConfig("corpus_mlm_bert", {"inputs": 512}, batch_size=256)
+        optim = OptimizerConfig("adamw", learning_rate=1e-4, schedule="linear",
+                                warmup_steps=10000, weight_decay=0.01, eps=1e-6)
+        train = TrainConfig(steps=1_000_000, z_loss=0.0, eval_every=10000)
+    return Config(name=f"bert_{size}", model=m, data=data, optim=optim, train=train)
+
+
+def gpt2(size: str) -> Config:
+    """GPT-2: pre-norm LayerNorm (eps 1e-5), tanh GELU, biases, 1024 learned positions, tied
+    LM head without rescale."""
+    d, f, h, k, n = _size(GPT2, "GPT-2", size)
+    tiny = size == "tiny"
+    m = ModelConfig(architecture="decoder_only", num_encoder_layers=0, num_decoder_layers=n,
+                    vocab_size=TINY_VOCAB if tiny else 50257, position="learned",
+                    max_length=256 if tiny else 1024, norm="layernorm", norm_eps=1e-5,
+                    pre_norm=True, ffn="gelu_tanh", use_bias=True, tie_embeddings=True,
+                    scale_tied_logits=False, scale_attn_logits=True, init_std=0.02,
+                    dropout_rate=0.1, **_common(size, d, f, h, k))
+    if tiny:
+        data = DataConfig("corpus_lm", {"targets": 128}, batch_size=32)
+        optim = OptimizerConfig("adamw", learning_rate=1e-3, schedule="cosine", warmup_steps=100,
+                                weight_decay=0.1, b2=0.95, clip_grad_norm=1.0, min_lr_ratio=0.1)
+        train = TrainConfig(steps=2000, z_loss=0.0, eval_every=500)
+    else:
+        data = DataConfig("corpus_lm_gpt2", {"targets": 1024}, batch_size=512)
+        optim = OptimizerConfig("adamw", learning_rate=6e-4, schedule="cosine",
+                                warmup_steps=2000, weight_decay=0.1, b2=0.95, clip_grad_norm=1.0,
+                                min_lr_ratio=0.1)
+        train = TrainConfig(steps=100_000, z_loss=0.0, eval_every=5000)
+    return Config(name=f"gpt2_{size}", model=m, data=data, optim=optim, train=train)

@@ -1,0 +1,234 @@
+"""One Transformer Block, and the Stack (embeddings, masks, layers, final norm) built from it.
+
+A Stack is an encoder (bidirectional) or a decoder (causal, optional prefix-LM and cross-
+attention). Masks and position biases are built once per stack and shared by all layers as one
+additive bias (T5 shares its relative bias across layers). Layers are scanned (params stacked
+on a leading "layers" axis, named ``layers``) or unrolled (``layers_0``, ``layers_1``, ...), and
+optionally rematerialised; both give identical numerics.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5lite.models import layers as L
+
+REMAT_POLICIES = {
+    # minimal: keep matmul outputs (projections, MLP) and recompute the cheap elementwise rest.
+    "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "full": None,  # save nothing: recompute the whole block in the backward pass
+}
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, MLP; each a residual sub-layer, pre- or post-norm.
+
+    Parameter names follow T5X: encoder blocks have ``attention`` / ``pre_attention_layer_norm``;
+    decoder blocks ``self_attention``, ``encoder_decoder_attention`` with
+    ``pre_self_attention_layer_norm`` / ``pre_cross_attention_layer_norm``; both ``mlp`` and
+    ``pre_mlp_layer_norm``. Post-norm blocks name the norms ``post_*`` instead of ``pre_*``.
+    ``ctx`` holds the arrays shared by all layers: bias, rope_pos, cache_index, encoded,
+    cross_bias (missing keys are unused).
+    """
+
+    cfg: object
+    decoder: bool = False
+    cross: bool = False
+    scanned: bool = False
+
+    @nn.compact
+    def __call__(self, x_BLD, ctx, deterministic=True, decode=False):
+        cfg = self.cfg
+
+        def sublayer(x, stem, fn):
+            where = "pre" if cfg.pre_norm else "post"
+            norm = L.make_norm(cfg, f"{where}_{stem}_layer_norm")
+            y = fn(norm(x) if cfg.pre_norm else x)
+            y = x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+            return y if cfg.pre_norm else norm(y)
+
+        stem = "self_attention" if self.decoder else "attention"
+        x_BLD = sublayer(x_BLD, stem, lambda y: L.MultiHeadAttention(cfg, name=stem)(
+            y, y, ctx["bias"], ctx.get("rope_pos"), deterministic, decode, ctx.get("cache_index")))
+        if self.cross and "encoded" in ctx:
+            x_BLD = sublayer(x_BLD, "cross_attention", lambda y: L.MultiHeadAttention(
+                cfg, name="encoder_decoder_attention")(y, ctx["encoded"], ctx["cross_bias"],
+                                                       deterministic=deterministic))
+        x_BLD = sublayer(x_BLD, "mlp", lambda y: L.MLP(cfg, name="mlp")(y, deterministic))
+        x_BLD = L.constrain(x_BLD, ("batch", "length", "embed"))
+        return (x_BLD, None) if self.scanned else x_BLD
+
+
+class DecodeState(nn.Module):
+    """Per-stack cache bookkeeping for decoding: write index and the cached keys' positions and
+    segment ids (0 = empty slot), so masks and position biases can be rebuilt each step."""
+
+    @nn.compact
+    def __call__(self, positions_BT: Optional[jnp.ndarray], segments_BT: jnp.ndarray):
+        b, t = segments_BT.shape
+        initialized = self.has_variable("cache", "index")
+        index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+        pos = self.variable("cache", "positions", jnp.zeros, (b, t), jnp.int32)
+        seg = self.variable("cache", "segments", jnp.zeros, (b, t), jnp.int32)
+        i = index.value
+        if positions_BT is None:
+            positions_BT = jnp.broadcast_to(i + jnp.arange(t, dtype=jnp.int32), (b, t))
+        if not initialized:  # init_cache: shapes only
+            return i, positions_BT, positions_BT, segments_BT
+        pos.value = jax.lax.dynamic_update_slice(pos.value, positions_BT.astype(jnp.int32), (0, i))
+        seg.value = jax.lax.dynamic_update_slice(seg.value, segments_BT.astype(jnp.int32), (0, i))
+        index.value = i + t
+        return i, positions_BT, pos.value, seg.value
+
+
+class Stack(nn.Module):
+    """Embeddings -> layers -> final norm for an encoder (kind="encoder") or decoder."""
+
+    cfg: object
+    kind: str  # encoder | decoder
+    embedder: nn.Module  # shared token embedding (T5X: top-level token_embedder)
+    cross: bool = False  # decoder layers have cross-attention (encoder-decoder)
+
+    def setup(self):
+        cfg = self.cfg
+        dtype = L.compute_dtype(cfg)
+        if cfg.position == "learned":
+            self.position_embedder = L.Embed(cfg.max_length, cfg.d_model, ("abspos", "embed"),
+                                             dtype, L.embed_init(cfg))
+        if cfg.num_token_types > 0 and self.kind == "encoder":
+            self.token_type_embedder = L.Embed(cfg.num_token_types, cfg.d_model,
+                                               ("token_types", "embed"), dtype, L.embed_init(cfg))
+        if cfg.embed_norm:
+            self.embed_norm = L.Norm(cfg.norm, cfg.norm_eps, dtype)
+        if cfg.position == "relative":
+            bidirectional = self.kind == "encoder" or cfg.architecture == "prefix_lm"
+            self.relpos_bias = L.RelativePositionBias(
+                cfg.relative_buckets, cfg.relative_max_distance, cfg.num_heads, bidirectional)
+        if self.kind == "decoder":
+            self.decode_state = DecodeState()
+        self.layers = self._make_layers()
+        if cfg.pre_norm:
+            setattr(self, f"{self.kind}_norm", L.Norm(cfg.norm, cfg.norm_eps, dtype))
+        if self.kind == "decoder" and not cfg.tie_embeddings:
+            self.logits_dense = L.DenseGeneral((cfg.vocab_size,), ("embed", "vocab"),
+                                               dtype=dtype, init=L.kernel_init(cfg))
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def _make_layers(self):
+        cfg = self.cfg
+        n = cfg.num_encoder_layers if self.kind == "encoder" else cfg.num_decoder_layers
+        block = Block
+        if cfg.remat != "none":
+            block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat],
+                             prevent_cse=not cfg.scan_layers, static_argnums=(3, 4))
+        kw = dict(cfg=cfg, decoder=self.kind == "decoder", cross=self.cross)
+        if cfg.scan_layers:
+            scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
+                              split_rngs={"params": True, "dropout": True},
+                              in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=n,
+                              metadata_params={nn.PARTITION_NAME: "layers"})
+            return scanned(**kw, scanned=True)
+        return [block(**kw) for _ in range(n)]
+
+    def __call__(self, tokens_BL, positions_BL=None, segments_BL=None, token_types_BL=None,
+                 prefix_BL=None, encoded_BSD=None, encoder_tokens_BS=None,
+                 encoder_segments_BS=None, deterministic=True, decode=False, layers=None):
+        x_BLD, ctx = self.prepare(tokens_BL, positions_BL, segments_BL, token_types_BL, prefix_BL,
+                                  encoded_BSD, encoder_tokens_BS, encoder_segments_BS,
+                                  deterministic, decode)
+        x_BLD = self.run_layers(x_BLD, ctx, deterministic, decode, layers)
+        return self.finish(x_BLD, deterministic)
+
+    def prepare(self, tokens_BL, positions_BL=None, segments_BL=None, token_types_BL=None,
+                prefix_BL=None, encoded_BSD=None, encoder_tokens_BS=None,
+                encoder_segments_BS=None, deterministic=True, decode=False):
+        """Embed the tokens and build the per-stack context (mask + position bias, ...)."""
+        cfg = self.cfg
+        b, t = tokens_BL.shape
+        if self.kind == "encoder":  # padding = token 0 (T5 and BERT vocabularies)
+            q_valid_BL = tokens_BL != 0
+        else:  # decoder inputs start with id 0 (BOS): only segment ids mark padding
+            q_valid_BL = jnp.ones((b, t), bool) if segments_BL is None else segments_BL != 0
+        if decode:
+            seg_BL = jnp.ones((b, t), jnp.int32) if segments_BL is None else segments_BL
+            index, positions_BL, k_pos_BS, k_seg_BS = self.decode_state(positions_BL, seg_BL)
+            mask_BLS = self._decode_mask(index, seg_BL, k_seg_BS, prefix_BL)
+        else:
+            positions_BL = L.maybe(positions_BL, jnp.broadcast_to(jnp.arange(t), (b, t)))
+            k_pos_BS = positions_BL
+            mask_BLS = L.self_attention_mask(q_valid_BL, segments_BL, self.kind == "decoder",
+                                             prefix_BL if cfg.architecture == "prefix_lm" else None)
+        bias = L.attention_bias(mask_BLS)
+        if cfg.position == "relative":
+            bias = bias + self.relpos_bias(positions_BL, k_pos_BS)
+        elif cfg.position == "alibi":
+            bias = bias + L.alibi_bias(positions_BL, k_pos_BS, cfg.num_heads)
+        ctx = {"bias": bias}
+        if decode:
+            ctx["cache_index"] = index
+        if cfg.position == "rope":
+            ctx["rope_pos"] = positions_BL
+        if encoded_BSD is not None:
+            k_valid_BS = encoder_tokens_BS != 0
+            ctx["encoded"] = encoded_BSD
+            ctx["cross_bias"] = L.attention_bias(L.cross_attention_mask(
+                q_valid_BL, k_valid_BS, segments_BL, encoder_segments_BS))
+        return self.embed(tokens_BL, positions_BL, token_types_BL, deterministic), ctx
+
+    def _decode_mask(self, index, q_seg_BT, k_seg_BS, prefix_BT):
+        """Query slot index+t sees filled cache slots <= its own; prefix tokens of this chunk
+        see each other (prefix LM prefill)."""
+        t, s = q_seg_BT.shape[1], k_seg_BS.shape[1]
+        q_slot, k_slot = index + jnp.arange(t), jnp.arange(s)
+        allowed = k_slot[None, None, :] <= q_slot[None, :, None]
+        if prefix_BT is not None and self.cfg.architecture == "prefix_lm":
+            p_BT = prefix_BT.astype(bool)
+            p_BS = jax.lax.dynamic_update_slice(jnp.zeros(k_seg_BS.shape, bool), p_BT, (0, index))
+            allowed = allowed | (p_BT[:, :, None] & p_BS[:, None, :])
+        same = (q_seg_BT[:, :, None] == k_seg_BS[:, None, :]) & (k_seg_BS[:, None, :] != 0)
+        return allowed & same
+
+    def embed(self, tokens_BL, positions_BL, token_types_BL=None, deterministic=True):
+        cfg = self.cfg
+        x_BLD = self.embedder(tokens_BL)
+        if cfg.position == "learned":
+            x_BLD = x_BLD + self.position_embedder(positions_BL)
+        elif cfg.position == "sinusoidal":
+            x_BLD = x_BLD + L.sinusoidal(positions_BL, cfg.d_model).astype(x_BLD.dtype)
+        if cfg.num_token_types > 0 and self.kind == "encoder":
+            x_BLD = x_BLD + self.token_type_embedder(
+                L.maybe(token_types_BL, jnp.zeros_like(tokens_BL)))
+        if cfg.embed_norm:
+            x_BLD = self.embed_norm(x_BLD)
+        x_BLD = self.dropout(x_BLD, deterministic=deterministic)
+        return L.constrain(x_BLD, ("batch", "length", "embed"))
+
+    def run_layers(self, x_BLD, ctx, deterministic=True, decode=False, layers=None):
+        """``layers``: another stack's layers (shared encoder-decoder); default this stack's."""
+        layers = self.layers if layers is None else layers
+        if self.cfg.scan_layers:
+            x_BLD, _ = layers(x_BLD, ctx, deterministic, decode)
+            return x_BLD
+        for layer in layers:
+            x_BLD = layer(x_BLD, ctx, deterministic, decode)
+        return x_BLD
+
+    def finish(self, x_BLD, deterministic=True):
+        if self.cfg.pre_norm:
+            x_BLD = getattr(self, f"{self.kind}_norm")(x_BLD)
+        return self.dropout(x_BLD, deterministic=deterministic)
+
+    def logits(self, x_BLD):
+        """Output projection: tied embedding (T5 v1.0 rescales by d_model**-0.5) or logits_dense."""
+        cfg = self.cfg
+        if cfg.tie_embeddings:
+            if cfg.scale_tied_logits:
+                x_BLD = x_BLD * jnp.asarray(cfg.d_model ** -0.5, x_BLD.dtype)
+            logits_BLV = self.embedder.attend(x_BLD)
+        else:
+            logits_BLV = self.logits_dense(x_BLD)
+        return L.constrain(logits_BLV.astype(jnp.float32), ("batch", "length", "vocab"))
