@@ -1,0 +1,9 @@
+"""Everything seqio: objectives, formats, metrics, and the registered tasks and mixtures.
+
+Importing this package registers t5lite's tasks and mixtures with seqio's registries (no data
+is read; see registry.py). `t5lite tasks list` shows them.
+"""
+
+from t5lite.tasks import registry as _registry
+
+_registry.register_builtin()

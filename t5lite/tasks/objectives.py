@@ -441,3 +441,18 @@ def bert_pairs(dataset, output_features, sequence_length=None, *, nsp=True,
         return out
 
     return dataset.map(assemble, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def bert_single(dataset, output_features, sequence_length=None):
+    """[CLS] chunk [SEP] rows of inputs_length - 2 stream tokens (MLM without NSP)."""
+    vocabulary = output_features["inputs"].vocabulary
+    special = bert_special_ids(vocabulary)
+    length = ((sequence_length or {}).get("inputs") or 512)
+    dataset = concat_and_split(dataset, length - 2, key="inputs")
+
+    def wrap(features):
+        t = features["inputs"]
+        return {"inputs": tf.concat([tf.constant([special["cls"]], t.dtype), t,
+                                     tf.constant([special["sep"]], t.dtype)], 0)}
+
+    return dataset.map(wrap, num_parallel_calls=tf.data.AUTOTUNE)

@@ -1,0 +1,345 @@
+"""The T5 paper's text-to-text formats for GLUE, SuperGLUE, SQuAD, CNN/DailyMail and WMT,
+and functions that register seqio tasks from the official files (or from TFDS).
+
+The data is not shipped (and not fetchable here): these are for users who have it on disk.
+Every reader turns the official format into TFDS's feature names and label ids, so one text
+preprocessor per benchmark serves both the files and TFDS:
+
+  mnli:  {"premise", "hypothesis", "label": 1} -> "mnli hypothesis: ... premise: ..." -> "neutral"
+  stsb:  score 3.14 -> "3.2" (rounded to the nearest 0.2, as T5)
+  squad: "question: ... context: ..." -> first answer (all answers kept for EM / F1)
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import glob
+import json
+import os
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+import seqio
+import tensorflow as tf
+
+from t5lite.errors import UserError
+from t5lite.tasks import metrics, registry
+
+csv.field_size_limit(2 ** 31 - 1)
+
+
+# ----------------------------------------------------------------------------- benchmarks
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """One classification / regression benchmark in T5's format."""
+
+    name: str
+    features: tuple  # TFDS feature names; the text lists them alphabetically (as T5)
+    label_names: Optional[tuple]  # None: regression (stsb)
+    metric_fns: tuple
+    # official file -> TFDS names: column of each feature and of the label (GLUE TSV)
+    columns: Optional[Mapping[str, Union[str, int]]] = None
+    file_labels: Optional[tuple] = None  # label strings in the file, by TFDS id
+
+
+_binary_f1 = (metrics.f1_binary, metrics.accuracy)
+GLUE = {b.name: b for b in [
+    Benchmark("cola", ("sentence",), ("unacceptable", "acceptable"),
+              (metrics.matthews_corrcoef,), {"sentence": 3, "label": 1}),
+    Benchmark("sst2", ("sentence",), ("negative", "positive"), (metrics.accuracy,),
+              {"sentence": "sentence", "label": "label"}),
+    Benchmark("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"), _binary_f1,
+              {"sentence1": "#1 String", "sentence2": "#2 String", "label": "Quality"}),
+    Benchmark("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), _binary_f1,
+              {"question1": "question1", "question2": "question2", "label": "is_duplicate"}),
+    Benchmark("stsb", ("sentence1", "sentence2"), None,
+              (metrics.pearson_corrcoef, metrics.spearman_corrcoef),
+              {"sentence1": "sentence1", "sentence2": "sentence2", "label": "score"}),
+    Benchmark("mnli", ("hypothesis", "premise"), ("entailment", "neutral", "contradiction"),
+              (metrics.accuracy,),
+              {"premise": "sentence1", "hypothesis": "sentence2", "label": "gold_label"},
+              ("entailment", "neutral", "contradiction")),
+    Benchmark("qnli", ("question", "sentence"), ("entailment", "not_entailment"),
+              (metrics.accuracy,), {"question": "question", "sentence": "sentence",
+                                    "label": "label"}, ("entailment", "not_entailment")),
+    Benchmark("rte", ("sentence1", "sentence2"), ("entailment", "not_entailment"),
+              (metrics.accuracy,), {"sentence1": "sentence1", "sentence2": "sentence2",
+                                    "label": "label"}, ("entailment", "not_entailment")),
+    Benchmark("wnli", ("sentence1", "sentence2"), ("not_entailment", "entailment"),
+              (metrics.accuracy,), {"sentence1": "sentence1", "sentence2": "sentence2",
+                                    "label": "label"}),
+]}
+GLUE_FILES = {"train": "train.tsv", "validation": "dev.tsv"}
+MNLI_FILES = {"train": "train.tsv", "validation_matched": "dev_matched.tsv",
+              "validation_mismatched": "dev_mismatched.tsv"}
+
+SUPERGLUE = {b.name: b for b in [
+    Benchmark("boolq", ("passage", "question"), ("False", "True"), (metrics.accuracy,)),
+    Benchmark("cb", ("hypothesis", "premise"), ("entailment", "contradiction", "neutral"),
+              (metrics.accuracy, metrics.f1_macro),
+              file_labels=("entailment", "contradiction", "neutral")),
+    Benchmark("copa", ("choice1", "choice2", "premise", "question"), ("choice1", "choice2"),
+              (metrics.accuracy,)),
+    Benchmark("rte", ("hypothesis", "premise"), ("entailment", "not_entailment"),
+              (metrics.accuracy,), file_labels=("entailment", "not_entailment")),
+]}
+SUPERGLUE_FILES = {"train": "train.jsonl", "validation": "val.jsonl"}
+
+
+def text_to_text(dataset, benchmark: Benchmark, prefix: Optional[str] = None):
+    """TFDS-style example -> {"inputs": "<task> k1: v1 k2: v2", "targets": label name}."""
+    prefix = benchmark.name if prefix is None else prefix
+
+    def fmt(x):
+        parts = [prefix]
+        for k in sorted(benchmark.features):
+            parts += [f"{k}:", tf.strings.as_string(x[k]) if x[k].dtype != tf.string else x[k]]
+        inputs = tf.strings.join(parts, " ")
+        if benchmark.label_names is None:  # regression: round to 0.2, one decimal
+            label = tf.cast(x["label"], tf.float32)
+            targets = tf.strings.as_string(tf.round(label * 5.0) / 5.0, precision=1)
+        else:
+            targets = tf.gather(tf.constant(benchmark.label_names),
+                                tf.cast(x["label"], tf.int32))
+        return {"inputs": inputs, "targets": targets, "idx": tf.cast(x.get("idx", -1), tf.int32)}
+
+    return dataset.map(fmt, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def postprocessor(benchmark: Benchmark) -> Callable:
+    if benchmark.label_names is None:
+        return metrics.string_to_float
+    return functools.partial(metrics.string_label_to_class_id,
+                             label_names=list(benchmark.label_names))
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def _check(path: str) -> str:
+    if not os.path.exists(path):
+        raise UserError(f"{path} does not exist; pass the directory that holds the official "
+                        "files (see t5lite/tasks/formats.py for the layout).")
+    return path
+
+
+def read_glue_tsv(path: str, benchmark: Benchmark) -> list[dict]:
+    """An official GLUE TSV (train.tsv / dev.tsv) -> TFDS-style dicts."""
+    cols = benchmark.columns
+    with open(_check(path), encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    if isinstance(cols["label"], str):  # has a header row
+        header, rows = rows[0], rows[1:]
+        index = {k: header.index(v) for k, v in cols.items()}
+    else:
+        index = dict(cols)
+    out = []
+    for i, row in enumerate(rows):
+        if len(row) <= max(index.values()):
+            continue  # the official QQP train file has a few truncated rows
+        ex = {k: row[j] for k, j in index.items()}
+        label = ex["label"]
+        if benchmark.label_names is None:
+            ex["label"] = float(label)
+        elif benchmark.file_labels:
+            ex["label"] = benchmark.file_labels.index(label)
+        else:
+            ex["label"] = int(label)
+        ex["idx"] = i
+        out.append(ex)
+    return out
+
+
+def read_superglue_jsonl(path: str, benchmark: Benchmark) -> list[dict]:
+    out = []
+    with open(_check(path), encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            rec = json.loads(line)
+            ex = {k: str(rec[k]) for k in benchmark.features}
+            label = rec["label"]
+            ex["label"] = (benchmark.file_labels.index(label) if benchmark.file_labels
+                           else int(label))
+            ex["idx"] = int(rec.get("idx", i))
+            out.append(ex)
+    return out
+
+
+def read_squad_json(path: str) -> list[dict]:
+    """SQuAD v1.1 JSON -> {"id", "question", "context", "answers"} per question."""
+    with open(_check(path), encoding="utf-8") as f:
+        data = json.load(f)["data"]
+    return [{"id": qa["id"], "question": qa["question"], "context": para["context"],
+             "answers": [a["text"] for a in qa["answers"]]}
+            for article in data for para in article["paragraphs"] for qa in para["qas"]]
+
+
+def read_cnn_story(path: str) -> dict:
+    """A CNN/DailyMail .story file: article lines, then '@highlight' + one highlight each."""
+    with open(path, encoding="utf-8") as f:
+        lines = [l.strip() for l in f]
+    article, highlights, in_highlight = [], [], False
+    for line in lines:
+        if not line:
+            continue
+        if line == "@highlight":
+            in_highlight = True
+        elif in_highlight:
+            highlights.append(line)
+            in_highlight = False
+        else:
+            article.append(line)
+    return {"article": " ".join(article), "highlights": " ".join(
+        h if h.endswith(".") else h + " ." for h in highlights)}
+
+
+def _records_source(split_to_reader: Mapping[str, Callable[[], list[dict]]]):
+    """A seqio.FunctionDataSource over records read (in Python) when the dataset is built."""
+    def dataset_fn(split, shuffle_files, seed=None):
+        del shuffle_files, seed
+        records = split_to_reader[split]()
+        if not records:
+            raise UserError(f"no examples in the {split} split.")
+        columns = {k: [r[k] for r in records] for k in records[0]}
+        if "answers" in columns:  # variable number of answers: ragged -> keep as ragged
+            columns["answers"] = tf.ragged.constant(columns["answers"])
+        return tf.data.Dataset.from_tensor_slices(columns)
+    return seqio.FunctionDataSource(dataset_fn, splits=list(split_to_reader))
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def _text_task(name, source, preprocessors, vocabulary, metric_fns, postprocess_fn=None):
+    vocab = registry._vocabulary(vocabulary)  # pylint: disable=protected-access
+    registry.TaskRegistry.remove(name)
+    return registry.TaskRegistry.add(
+        name, source=source,
+        preprocessors=list(preprocessors) + [seqio.preprocessors.tokenize,
+                                             seqio.CacheDatasetPlaceholder(),
+                                             seqio.preprocessors.append_eos_after_trim],
+        output_features=registry.text_features(vocab), metric_fns=list(metric_fns),
+        postprocess_fn=postprocess_fn)
+
+
+def register_glue(data_dir: str, tasks: Sequence[str] = tuple(GLUE), prefix: str = "glue_",
+                  vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:
+    """glue_<task> from the official GLUE directory (data_dir/CoLA/train.tsv, .../MNLI/...)."""
+    dirs = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B",
+            "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+    names = []
+    for t in tasks:
+        b = GLUE[t]
+        files = MNLI_FILES if t == "mnli" else GLUE_FILES
+        readers = {s: functools.partial(read_glue_tsv, os.path.join(data_dir, dirs[t], f), b)
+                   for s, f in files.items()}
+        _text_task(prefix + t, _records_source(readers),
+                   [functools.partial(text_to_text, benchmark=b)], vocabulary, b.metric_fns,
+                   postprocessor(b))
+        names.append(prefix + t)
+    return names
+
+
+def register_glue_tfds(tasks: Sequence[str] = tuple(GLUE), prefix: str = "glue_",
+                       vocabulary: Union[str, seqio.Vocabulary] = "t5",
+                       version: str = "2.0.0") -> list[str]:
+    """The same tasks from TFDS (glue/<task>:<version>; needs the TFDS data dir prepared)."""
+    names = []
+    for t in tasks:
+        b = GLUE[t]
+        splits = (["train", "validation_matched", "validation_mismatched"] if t == "mnli"
+                  else ["train", "validation"])
+        _text_task(prefix + t, seqio.TfdsDataSource(f"glue/{t}:{version}", splits=splits),
+                   [functools.partial(text_to_text, benchmark=b)], vocabulary, b.metric_fns,
+                   postprocessor(b))
+        names.append(prefix + t)
+    return names
+
+
+def register_superglue(data_dir: str, tasks: Sequence[str] = tuple(SUPERGLUE),
+                       prefix: str = "super_glue_",
+                       vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:
+    """super_glue_<task> from the official SuperGLUE jsonl (data_dir/BoolQ/train.jsonl ...)."""
+    dirs = {"boolq": "BoolQ", "cb": "CB", "copa": "COPA", "rte": "RTE"}
+    names = []
+    for t in tasks:
+        b = SUPERGLUE[t]
+        readers = {s: functools.partial(read_superglue_jsonl,
+                                        os.path.join(data_dir, dirs[t], f), b)
+                   for s, f in SUPERGLUE_FILES.items()}
+        _text_task(prefix + t, _records_source(readers),
+                   [functools.partial(text_to_text, benchmark=b)], vocabulary, b.metric_fns,
+                   postprocessor(b))
+        names.append(prefix + t)
+    return names
+
+
+def squad_text(dataset):
+    """SQuAD -> "question: Q context: C" -> first answer (``answers`` kept for the metric)."""
+    def fmt(x):
+        return {"inputs": tf.strings.join(["question:", x["question"], "context:",
+                                           x["context"]], " "),
+                "targets": x["answers"][0], "answers": x["answers"]}
+    return dataset.map(fmt, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_squad(split_to_json: Mapping[str, str], name: str = "squad_v010",
+                   vocabulary: Union[str, seqio.Vocabulary] = "t5") -> str:
+    """SQuAD v1.1 from the official JSON files, e.g. {"train": "train-v1.1.json",
+    "validation": "dev-v1.1.json"}; metrics: EM and F1 over all answers."""
+    readers = {s: functools.partial(read_squad_json, p) for s, p in split_to_json.items()}
+    _text_task(name, _records_source(readers), [squad_text], vocabulary, [metrics.squad],
+               metrics.qa_answers)
+    return name
+
+
+def summarize_text(dataset, article_key="article", summary_key="highlights"):
+    return dataset.map(lambda x: {"inputs": tf.strings.join(["summarize:", x[article_key]], " "),
+                                  "targets": x[summary_key]},
+                       num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_cnn_dailymail(split_to_glob: Mapping[str, str], name: str = "cnn_dailymail",
+                           vocabulary: Union[str, seqio.Vocabulary] = "t5") -> str:
+    """CNN/DailyMail from .story files, e.g. {"train": "cnn/stories/*.story"} (use the
+    official URL lists to place files in splits); metric: ROUGE."""
+    def reader(pattern):
+        files = sorted(glob.glob(pattern))
+        if not files:
+            raise UserError(f"no .story files match {pattern!r}.")
+        return [read_cnn_story(f) for f in files]
+    readers = {s: functools.partial(reader, g) for s, g in split_to_glob.items()}
+    _text_task(name, _records_source(readers), [summarize_text], vocabulary, [metrics.rouge])
+    return name
+
+
+def translate_text(dataset, source_language="English", target_language="German",
+                   source_key="en", target_key="de"):
+    prefix = f"translate {source_language} to {target_language}:"
+    return dataset.map(lambda x: {"inputs": tf.strings.join([prefix, x[source_key]], " "),
+                                  "targets": x[target_key]},
+                       num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_wmt(split_to_files: Mapping[str, tuple], name: str = "wmt_t2t_ende",
+                 source: tuple = ("en", "English"), target: tuple = ("de", "German"),
+                 vocabulary: Union[str, seqio.Vocabulary] = "t5") -> str:
+    """WMT from line-aligned plain-text files, e.g. {"validation": ("newstest2013.en",
+    "newstest2013.de")}; metric: sacrebleu BLEU."""
+    def reader(src_path, tgt_path):
+        with open(_check(src_path), encoding="utf-8") as fs, \
+                open(_check(tgt_path), encoding="utf-8") as ft:
+            src, tgt = fs.read().splitlines(), ft.read().splitlines()
+        if len(src) != len(tgt):
+            raise UserError(f"{src_path} has {len(src)} lines, {tgt_path} {len(tgt)}; "
+                            "the files must be line-aligned.")
+        return [{source[0]: s, target[0]: t} for s, t in zip(src, tgt)]
+    readers = {s: functools.partial(reader, *files) for s, files in split_to_files.items()}
+    _text_task(name, _records_source(readers),
+               [functools.partial(translate_text, source_language=source[1],
+                                  target_language=target[1], source_key=source[0],
+                                  target_key=target[0])],
+               vocabulary, [metrics.bleu])
+    return name

@@ -1,0 +1,72 @@
+"""`t5lite tasks list | show NAME`: the registered tasks and mixtures, and decoded examples."""
+
+from __future__ import annotations
+
+import seqio
+
+from t5lite.tasks import pipeline
+
+DEFAULT_LENGTHS = {"inputs": 128, "targets": 128}
+
+
+def _vocab_name(vocab) -> str:
+    """The model file or class name; never loads the vocabulary (its file may be missing)."""
+    path = getattr(vocab, "_rel_path", None) or getattr(vocab, "_sentencepiece_model_file", None)
+    return path.rsplit("/", 1)[-1] if path else type(vocab).__name__
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def list_tasks() -> str:
+    """One row per task (features, vocabulary, metrics) and per mixture (members)."""
+    import t5lite.tasks  # noqa: F401
+    rows = [["name", "kind", "features", "vocabulary", "metrics / members"]]
+    for name in sorted(seqio.TaskRegistry.names()):
+        task = seqio.TaskRegistry.get(name)
+        feats = task.output_features
+        vocab = (feats.get("inputs") or feats.get("targets")).vocabulary
+        metric_names = ",".join(getattr(f, "__name__", "fn") for f in task.metric_fns) or "-"
+        rows.append([name, "task", ",".join(feats), _vocab_name(vocab), metric_names])
+    for name in sorted(seqio.MixtureRegistry.names()):
+        mix = seqio.MixtureRegistry.get(name)
+        rows.append([name, "mixture", ",".join(mix.tasks[0].output_features), "",
+                     " + ".join(t.name for t in mix.tasks)])
+    return _table(rows)
+
+
+def _decode(vocab, ids) -> str:
+    ids = [int(i) for i in ids]
+    try:
+        return vocab.decode(ids)
+    except Exception:  # pylint: disable=broad-except
+        return str(ids)
+
+
+def show_task(name: str, split: str = "train", num_examples: int = 3,
+              feature_lengths=None, seed: int = 0) -> str:
+    """A few preprocessed examples of a task or mixture, token features decoded."""
+    provider = pipeline.get_mixture_or_task(name)
+    lengths = dict(feature_lengths or DEFAULT_LENGTHS)
+    lengths = {k: v for k, v in lengths.items() if k in provider.output_features}
+    ds = provider.get_dataset(lengths, split=split, shuffle=False, seed=seed, num_epochs=1)
+    out = [f"{name} ({split}), feature lengths {lengths}:"]
+    for i, ex in enumerate(ds.take(num_examples).as_numpy_iterator()):
+        out.append(f"--- example {i}")
+        for key, value in ex.items():
+            feat = provider.output_features.get(key)
+            if feat is not None and not isinstance(feat.vocabulary, seqio.PassThroughVocabulary) \
+                    and getattr(value, "ndim", 0) == 1:
+                out.append(f"{key} ({len(value)} tokens): {_decode(feat.vocabulary, value)}")
+            elif key.endswith("_pretokenized"):
+                continue
+            else:
+                text = value.tolist() if hasattr(value, "tolist") else value
+                if isinstance(text, bytes):
+                    text = text.decode("utf-8", "replace")
+                out.append(f"{key}: {text}")
+    return "\n".join(out)

@@ -1,0 +1,307 @@
+"""t5lite's tasks and mixtures, registered with seqio's TaskRegistry / MixtureRegistry.
+
+Registering reads nothing from disk: the files under the data dir (local_data.data_dir()) are
+located when a dataset is built, and a missing file raises UserError naming the
+`t5lite data prepare NAME` command that builds it.
+
+Pretraining tasks: corpus_<objective>[_<vocab>] for the objectives in OBJECTIVES.
+Finetuning tasks: <name>[_<vocab>] for the local finetuning sets in FINETUNE, plus
+sentiment_cls[_bert] (classification with class_labels, for encoder-only models).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+import seqio
+import tensorflow as tf
+
+from t5lite.errors import UserError
+from t5lite.tasks import local_data, metrics, objectives
+
+TaskRegistry, MixtureRegistry = seqio.TaskRegistry, seqio.MixtureRegistry
+DEFAULT_VOCAB = "t5lite_sp8k"
+VOCAB_SUFFIX = {"t5lite_sp8k": "", "t5": "_t5", "gpt2": "_gpt2", "bert": "_bert"}
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+class _LocalPaths(Mapping):
+    """split -> file under the data dir, resolved when read (so the data dir can change)."""
+
+    def __init__(self, dataset: str, split_to_relpath: Mapping[str, str]):
+        self._dataset, self._rel = dataset, dict(split_to_relpath)
+
+    def __getitem__(self, split):
+        path = os.path.join(local_data.data_dir(), self._rel[split])
+        if not os.path.exists(path):
+            raise UserError(f"{path} does not exist: run `t5lite data prepare {self._dataset}` "
+                            "(or set $T5LITE_DATA_DIR / data.data_dir to where it was built).")
+        return path
+
+    def __iter__(self):
+        return iter(self._rel)
+
+    def __len__(self):
+        return len(self._rel)
+
+
+class LocalTextLineSource(seqio.TextLineDataSource):
+    """seqio.TextLineDataSource over prepared files, located lazily; counts its lines for
+    examples-proportional mixing."""
+
+    def __init__(self, dataset: str, split_to_relpath: Mapping[str, str]):
+        super().__init__(split_to_filepattern=_LocalPaths(dataset, split_to_relpath))
+        self._counts = {}
+
+    def num_input_examples(self, split: str) -> int:
+        path = self._split_to_filepattern[split]
+        key = (path, os.path.getmtime(path))
+        if key not in self._counts:
+            with open(path, "rb") as f:
+                self._counts[key] = sum(1 for _ in f)
+        return self._counts[key]
+
+
+def corpus_source() -> LocalTextLineSource:
+    return LocalTextLineSource("corpus", {s: f"corpus/{s}.txt" for s in ("train", "validation")})
+
+
+def finetune_source(name: str) -> LocalTextLineSource:
+    return LocalTextLineSource(name, {s: f"finetune/{name}/{s}.tsv"
+                                      for s in ("train", "validation", "test")})
+
+
+# ----------------------------------------------------------------------------- preprocessors
+
+
+@seqio.map_over_dataset
+def line_to_text(line):
+    """A TextLineDataSource line -> {"text": line}."""
+    return {"text": line}
+
+
+def parse_tsv(dataset, field_names=("inputs", "targets")):
+    """``input\\ttarget`` lines (the prepared finetuning files) -> a dict of strings."""
+    def parse(line):
+        fields = tf.io.decode_csv(line, record_defaults=[""] * len(field_names),
+                                  field_delim="\t", use_quote_delim=False)
+        return dict(zip(field_names, fields))
+    return dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def add_prefix(dataset, prefix: str, key: str = "inputs"):
+    """Prepend the text-to-text task prefix, e.g. "sst2 sentence: "."""
+    return dataset.map(lambda x: {**x, key: tf.strings.join([prefix, x[key]], " ")},
+                       num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def text_label_to_class_id(dataset, label_names: Sequence[str], key: str = "targets"):
+    """A label name -> ``class_labels`` (its index), for classification heads."""
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+        tf.constant(list(label_names)), tf.range(len(label_names), dtype=tf.int32)), -1)
+    return dataset.map(lambda x: {k: v for k, v in {**x, "class_labels": table.lookup(x[key])}
+                                  .items() if k != key})
+
+
+def bert_wrap(dataset, output_features, sequence_length=None):
+    """[CLS] inputs [SEP] (inputs already tokenized; trimmed to fit)."""
+    special = objectives.bert_special_ids(output_features["inputs"].vocabulary)
+    length = (sequence_length or {}).get("inputs") or 512
+
+    def wrap(x):
+        t = x["inputs"][:length - 2]
+        return {**x, "inputs": tf.concat([tf.constant([special["cls"]], t.dtype), t,
+                                          tf.constant([special["sep"]], t.dtype)], 0)}
+    return dataset.map(wrap, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def _vocabulary(vocab: Union[str, seqio.Vocabulary]) -> seqio.Vocabulary:
+    if isinstance(vocab, seqio.Vocabulary):
+        return vocab
+    from t5lite.tasks import vocabularies
+    return vocabularies.get_vocabulary(vocab)
+
+
+def _int_feature(rank: int = 1) -> seqio.Feature:
+    return seqio.Feature(seqio.PassThroughVocabulary(size=0), add_eos=False, dtype=tf.int32,
+                         rank=rank)
+
+
+def text_features(vocab, inputs=True, inputs_eos=True) -> dict:
+    feats = {"targets": seqio.Feature(vocab, add_eos=True)}
+    if inputs:
+        feats = {"inputs": seqio.Feature(vocab, add_eos=inputs_eos), **feats}
+    return feats
+
+
+def bert_features(vocab, nsp: bool = False, mlm: bool = True, classes: bool = False) -> dict:
+    feats = {"inputs": seqio.Feature(vocab, add_eos=False)}
+    if mlm:
+        feats.update(targets=seqio.Feature(vocab, add_eos=False), loss_weights=_int_feature())
+    if nsp:
+        feats.update(token_type_ids=_int_feature(), nsp_labels=_int_feature(rank=0))
+    if classes:
+        feats.update(class_labels=_int_feature(rank=0))
+    return feats
+
+
+# ----------------------------------------------------------------------------- pretraining
+
+
+# objective name -> (preprocessors after tokenization, feature layout, description)
+OBJECTIVES = {
+    "span_corruption": ([objectives.span_corruption], "encdec",
+                        "T5 span corruption, 15% noise, mean span 3 (paper's final choice)"),
+    "iid_denoising": ([objectives.iid_denoising], "encdec",
+                      "i.i.d. 15% noise, each corrupted span -> one sentinel (paper baseline)"),
+    "bert_denoising": ([objectives.bert_style_denoising], "encdec",
+                       "BERT-style: 15% of tokens, 80% mask / 10% random / 10% kept; "
+                       "target = original text"),
+    "mass_denoising": ([objectives.mass_style_denoising], "encdec",
+                       "MASS-style: 15% of tokens -> mask; target = original text"),
+    "drop_tokens": ([objectives.drop_tokens], "encdec",
+                    "drop 15% of tokens; target = the dropped tokens"),
+    "deshuffling": ([objectives.deshuffling], "encdec", "shuffled tokens -> original order"),
+    "prefix_lm": ([objectives.prefix_lm], "prefix", "random split: prefix -> continuation"),
+    "lm": ([objectives.full_lm], "lm", "decoder language modelling"),
+    "mlm": ([functools.partial(objectives.bert_pairs, nsp=True), objectives.bert_mlm],
+            "bert_nsp", "BERT: MLM (15%, 80/10/10) + next sentence prediction"),
+    "mlm_only": ([objectives.bert_single, objectives.bert_mlm], "bert",
+                 "BERT MLM (15%, 80/10/10) without NSP, packable"),
+}
+
+
+def register_pretraining_task(name: str, objective: str = "span_corruption",
+                              vocabulary: Union[str, seqio.Vocabulary] = DEFAULT_VOCAB,
+                              max_tokens: Optional[int] = None,
+                              source: Optional[seqio.DataSource] = None,
+                              **objective_kwargs) -> seqio.Task:
+    """A corpus task with one objective; ``objective_kwargs`` set its parameters (e.g.
+    noise_density=0.5, mean_noise_span_length=10, inputs_fn=...: any row of the paper's
+    Tables 3-5); ``max_tokens`` keeps only that many corpus tokens (Table 7)."""
+    if objective not in OBJECTIVES:
+        raise UserError(f"unknown objective {objective!r}; one of {', '.join(OBJECTIVES)}.")
+    steps, layout, _ = OBJECTIVES[objective]
+    if objective_kwargs:
+        steps = [functools.partial(steps[0], **objective_kwargs)] + steps[1:]
+    vocab = _vocabulary(vocabulary)
+    key = "inputs" if layout.startswith("bert") else "targets"
+    features = {"encdec": lambda: text_features(vocab),
+                "prefix": lambda: text_features(vocab, inputs_eos=False),
+                "lm": lambda: text_features(vocab, inputs=False),
+                "bert": lambda: bert_features(vocab),
+                "bert_nsp": lambda: bert_features(vocab, nsp=True)}[layout]()
+    pre = [line_to_text, functools.partial(seqio.preprocessors.rekey, key_map={key: "text"}),
+           seqio.preprocessors.tokenize]
+    if max_tokens:
+        pre.append(functools.partial(objectives.limit_tokens, max_tokens=max_tokens, key=key))
+    pre += list(steps)
+    if not layout.startswith("bert"):
+        pre.append(seqio.preprocessors.append_eos_after_trim)
+    TaskRegistry.remove(name)
+    return TaskRegistry.add(name, source=source or corpus_source(), preprocessors=pre,
+                            output_features=features, metric_fns=[])
+
+
+# ----------------------------------------------------------------------------- finetuning
+
+
+# name -> (text-to-text prefix, metric_fns, label names or None)
+FINETUNE = {
+    "sentiment": ("sst2 sentence:", [metrics.accuracy], ("negative", "positive")),
+    "translate_en_de": ("translate English to German:", [metrics.bleu], None),
+    "summarize_debian": ("summarize:", [metrics.rouge], None),
+    "topic_debian": ("topic:", [metrics.accuracy], None),
+    "topic_brown": ("genre:", [metrics.accuracy], None),
+}
+
+
+def register_finetune_task(name: str, dataset: str, prefix: str,
+                           metric_fns: Sequence[Callable] = (metrics.accuracy,),
+                           vocabulary: Union[str, seqio.Vocabulary] = DEFAULT_VOCAB,
+                           source: Optional[seqio.DataSource] = None) -> seqio.Task:
+    """Text-to-text task over finetune/DATASET/*.tsv: "PREFIX input" -> target."""
+    vocab = _vocabulary(vocabulary)
+    TaskRegistry.remove(name)
+    return TaskRegistry.add(
+        name, source=source or finetune_source(dataset),
+        preprocessors=[parse_tsv, functools.partial(add_prefix, prefix=prefix),
+                       seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
+                       seqio.preprocessors.append_eos_after_trim],
+        output_features=text_features(vocab), metric_fns=list(metric_fns))
+
+
+def register_classification_task(name: str, dataset: str, label_names: Sequence[str],
+                                  vocabulary: Union[str, seqio.Vocabulary] = DEFAULT_VOCAB,
+                                  source: Optional[seqio.DataSource] = None) -> seqio.Task:
+    """[CLS] input [SEP] -> class_labels (encoder-only classification finetuning)."""
+    vocab = _vocabulary(vocabulary)
+    TaskRegistry.remove(name)
+    return TaskRegistry.add(
+        name, source=source or finetune_source(dataset),
+        preprocessors=[parse_tsv,
+                       functools.partial(text_label_to_class_id, label_names=label_names),
+                       seqio.preprocessors.tokenize, bert_wrap],
+        output_features=bert_features(vocab, mlm=False, classes=True),
+        metric_fns=[metrics.accuracy])
+
+
+# ----------------------------------------------------------------------------- mixtures
+
+
+def examples_proportional(cap: int = 2 ** 16, temperature: float = 1.0):
+    """The paper's examples-proportional rate min(N, K), optionally ** (1 / T)."""
+    return functools.partial(seqio.mixing_rate_num_examples, maximum=cap,
+                             temperature=temperature)
+
+
+def register_mixture(name: str, tasks: Sequence[str], rate: Union[str, float, Callable] =
+                     "proportional", cap: int = 2 ** 16, temperature: float = 2.0):
+    """rate: "proportional" (min(N, cap)), "temperature" (min(N, cap) ** (1/T)), "equal",
+    a number, or a seqio rate function of the task."""
+    if callable(rate) or isinstance(rate, (int, float)):
+        fn = rate
+    elif rate == "proportional":
+        fn = examples_proportional(cap)
+    elif rate == "temperature":
+        fn = examples_proportional(cap, temperature)
+    elif rate == "equal":
+        fn = 1.0
+    else:
+        raise UserError(f"mixture rate {rate!r}: use proportional, temperature or equal.")
+    MixtureRegistry.remove(name)
+    return MixtureRegistry.add(name, [(t, fn) for t in tasks])
+
+
+# ----------------------------------------------------------------------------- built-ins
+
+
+def register_builtin():
+    for objective in OBJECTIVES:
+        register_pretraining_task(f"corpus_{objective}", objective)
+    for objective in ("span_corruption", "iid_denoising", "prefix_lm"):
+        register_pretraining_task(f"corpus_{objective}_t5", objective, vocabulary="t5")
+    for objective in ("lm", "prefix_lm"):
+        register_pretraining_task(f"corpus_{objective}_gpt2", objective, vocabulary="gpt2")
+    for objective in ("mlm", "mlm_only"):
+        register_pretraining_task(f"corpus_{objective}_bert", objective, vocabulary="bert")
+    for dataset, (prefix, fns, _) in FINETUNE.items():
+        for vocab in ("t5lite_sp8k", "t5", "gpt2"):
+            register_finetune_task(dataset + VOCAB_SUFFIX[vocab], dataset, prefix, fns,
+                                   vocabulary=vocab)
+    for vocab in ("t5lite_sp8k", "bert"):
+        register_classification_task("sentiment_cls" + VOCAB_SUFFIX[vocab], "sentiment",
+                                     FINETUNE["sentiment"][2], vocabulary=vocab)
+    local = list(FINETUNE)
+    register_mixture("finetune_local", local, "proportional")
+    register_mixture("finetune_local_temperature", local, "temperature")
+    register_mixture("finetune_local_equal", local, "equal")
+    register_mixture("pretrain_finetune_local", ["corpus_span_corruption"] + local,
+                     "proportional")
