@@ -1,0 +1,215 @@
+"""Hugging Face import / export: exact round trips, scan vs unrolled layouts, CLI, user errors."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import hf_fixtures as F
+from t5lite import cli, convert
+from t5lite.checkpointing import load_params
+from t5lite.errors import UserError
+
+KINDS = ["t5_v1_0", "t5_v1_1", "bert", "gpt2"]
+
+
+def _flat(tree):
+    return {jax.tree_util.keystr(p): np.asarray(v)
+            for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def assert_bitwise_equal(a, b):
+    fa, fb = _flat(a), _flat(b)
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        assert fa[k].dtype == fb[k].dtype == np.float32, k
+        assert fa[k].shape == fb[k].shape, k
+        assert np.array_equal(fa[k], fb[k]), k
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory):
+    """kind -> (saved HF dir, the torch model in eval mode)."""
+    out = {}
+    for kind in KINDS:
+        model = F.make_hf_model(kind, seed=11)
+        out[kind] = (F.save_hf_model(model, tmp_path_factory.mktemp(kind)), model)
+    return out
+
+
+def _logits(model, hf_batch):
+    with torch.no_grad():
+        o = model(**hf_batch)
+    return o.logits.numpy() if hasattr(o, "logits") else o.prediction_logits.numpy()
+
+
+BATCHES = {"t5_v1_0": F.t5_batches, "t5_v1_1": F.t5_batches, "bert": F.bert_batches,
+           "gpt2": F.gpt2_batches}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_is_exact_and_loads_in_transformers(kind, hf_models, tmp_path):
+    hf_dir, hf_model = hf_models[kind]
+    cfg, params = convert.hf_to_t5lite(hf_dir)
+    out = convert.t5lite_to_hf(cfg, params, str(tmp_path / "export"))
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    cfg2, params2 = convert.hf_to_t5lite(out)
+    assert cfg2.model == cfg.model
+    assert_bitwise_equal(params, params2)
+
+    exported = F.load_hf_model(out)
+    assert type(exported).__name__ == type(hf_model).__name__
+    hf_batch, _, mask = BATCHES[kind](np.random.default_rng(0))
+    a, b = _logits(hf_model, hf_batch), _logits(exported, hf_batch)
+    assert np.abs(a - b)[mask.astype(bool)].max() < 1e-5
+
+
+def test_config_fields(hf_models):
+    v10, v11 = (convert.hf_to_t5lite(hf_models[k][0])[0].model for k in ("t5_v1_0", "t5_v1_1"))
+    assert (v10.ffn, v10.tie_embeddings, v10.scale_tied_logits) == ("relu", True, True)
+    assert (v11.ffn, v11.tie_embeddings) == ("geglu", False)
+    assert (v10.num_encoder_layers, v10.num_decoder_layers, v10.head_dim) == (2, 3, 8)
+    assert (v10.relative_buckets, v10.relative_max_distance, v10.vocab_size) == (8, 16, F.VOCAB)
+    bert = convert.hf_to_t5lite(hf_models["bert"][0])[0].model
+    assert (bert.architecture, bert.pre_norm, bert.norm, bert.ffn) == (
+        "encoder_only", False, "layernorm", "gelu")
+    assert (bert.num_token_types, bert.nsp_head, bert.max_length, bert.norm_eps) == (
+        2, True, 24, 1e-12)
+    gpt = convert.hf_to_t5lite(hf_models["gpt2"][0])[0].model
+    assert (gpt.architecture, gpt.ffn, gpt.d_ff, gpt.tie_embeddings, gpt.scale_tied_logits) == (
+        "decoder_only", "gelu_tanh", 48, True, False)
+
+
+@pytest.mark.parametrize("kind", ["t5_v1_1", "gpt2"])
+def test_scan_and_unrolled_layouts_hold_the_same_weights(kind, hf_models):
+    cfg_s, scanned = convert.hf_to_t5lite(hf_models[kind][0], scan_layers=True)
+    cfg_u, unrolled = convert.hf_to_t5lite(hf_models[kind][0], scan_layers=False)
+    assert cfg_s.model.scan_layers and not cfg_u.model.scan_layers
+    stack = "decoder"
+    n = cfg_s.model.num_decoder_layers
+    assert "layers" in scanned[stack] and f"layers_{n - 1}" in unrolled[stack]
+    assert "layers" not in unrolled[stack] and f"layers_{n}" not in unrolled[stack]
+    for i in range(n):
+        layer_i = jax.tree.map(lambda x: x[i], scanned[stack]["layers"])
+        assert_bitwise_equal(layer_i, unrolled[stack][f"layers_{i}"])
+    # Both layouts export to identical HF tensors.
+    assert convert.config_to_hf(cfg_s.model) == convert.config_to_hf(cfg_u.model)
+
+
+def test_t5_tensor_mapping_details(hf_models):
+    """Spot-check transposes / head splits against the raw HF tensors."""
+    hf_cfg, t = convert.read_hf_dir(hf_models["t5_v1_1"][0])
+    cfg, p = convert.hf_to_t5lite(hf_models["t5_v1_1"][0], scan_layers=False)
+    h, k, d = hf_cfg["num_heads"], hf_cfg["d_kv"], hf_cfg["d_model"]
+    q = p["decoder"]["layers_2"]["encoder_decoder_attention"]["query"]["kernel"]
+    np.testing.assert_array_equal(
+        q, t["decoder.block.2.layer.1.EncDecAttention.q.weight"].T.reshape(d, h, k))
+    o = p["encoder"]["layers_1"]["attention"]["out"]["kernel"]
+    np.testing.assert_array_equal(
+        o[1, 3], t["encoder.block.1.layer.0.SelfAttention.o.weight"][:, 1 * k + 3])
+    np.testing.assert_array_equal(
+        p["encoder"]["relpos_bias"]["rel_embedding"],
+        t["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"].T)
+    np.testing.assert_array_equal(p["decoder"]["logits_dense"]["kernel"], t["lm_head.weight"].T)
+
+
+def test_t5_unscaled_head_saved_tied(hf_models, tmp_path):
+    """transformers 5.x saves v1.1 as tie_word_embeddings=true + scale_decoder_outputs=false
+    and may omit lm_head: that is an untied, unscaled head equal to the embedding."""
+    src = tmp_path / "v11_tied"
+    shutil.copytree(hf_models["t5_v1_1"][0], src)
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(src / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    c = json.loads((src / "config.json").read_text())
+    assert c["scale_decoder_outputs"] is False
+    c["tie_word_embeddings"] = True
+    (src / "config.json").write_text(json.dumps(c))
+    cfg, p = convert.hf_to_t5lite(str(src))
+    assert not cfg.model.tie_embeddings
+    np.testing.assert_array_equal(p["decoder"]["logits_dense"]["kernel"],
+                                  p["token_embedder"]["embedding"].T)
+
+
+def test_cli_import_then_export(hf_models, tmp_path):
+    hf_dir, hf_model = hf_models["t5_v1_0"]
+    ckpt, out = tmp_path / "ckpt", tmp_path / "hf_out"
+    assert cli.main(["convert", "import", hf_dir, str(ckpt)]) == 0
+    assert (ckpt / "config.json").exists() and (ckpt / "params").is_dir()
+    cfg, params = load_params(str(ckpt))  # the params-only format of CONTRACTS.md
+    cfg_ref, params_ref = convert.hf_to_t5lite(hf_dir)
+    assert cfg.model == cfg_ref.model
+    assert_bitwise_equal(jax.tree.map(np.asarray, params), params_ref)
+    assert cli.main(["convert", "import", hf_dir, str(ckpt)]) == 2  # refuses to overwrite
+
+    assert cli.main(["convert", "export", str(ckpt), str(out)]) == 0
+    hf_batch, _, mask = F.t5_batches(np.random.default_rng(1))
+    diff = np.abs(_logits(hf_model, hf_batch) - _logits(F.load_hf_model(out), hf_batch))
+    assert diff[mask.astype(bool)].max() < 1e-5
+
+
+# ----------------------------------------------------------------------------- user errors
+
+
+def _copy(hf_models, kind, tmp_path):
+    dst = tmp_path / f"{kind}_copy"
+    shutil.copytree(hf_models[kind][0], dst)
+    return dst
+
+
+def _edit_config(path, **changes):
+    c = json.loads((path / "config.json").read_text())
+    c.update(changes)
+    (path / "config.json").write_text(json.dumps(c))
+
+
+def test_unsupported_architecture(hf_models, tmp_path):
+    src = _copy(hf_models, "gpt2", tmp_path)
+    _edit_config(src, architectures=["LlamaForCausalLM"], model_type="llama")
+    with pytest.raises(UserError, match="unsupported architecture.*GPT2LMHeadModel"):
+        convert.hf_to_t5lite(str(src))
+
+
+def test_missing_files(hf_models, tmp_path):
+    with pytest.raises(UserError, match="not a directory"):
+        convert.hf_to_t5lite(str(tmp_path / "nope"))
+    src = _copy(hf_models, "bert", tmp_path)
+    os.remove(src / "model.safetensors")
+    with pytest.raises(UserError, match="no weights.*model.safetensors"):
+        convert.hf_to_t5lite(str(src))
+    os.remove(src / "config.json")
+    with pytest.raises(UserError, match="no config.json"):
+        convert.hf_to_t5lite(str(src))
+
+
+def test_vocab_mismatch_between_config_and_weights(hf_models, tmp_path):
+    src = _copy(hf_models, "t5_v1_0", tmp_path)
+    _edit_config(src, vocab_size=F.VOCAB + 1)
+    with pytest.raises(UserError, match=r"shared.weight has shape \(99, 32\).*\(100, 32\)"):
+        convert.hf_to_t5lite(str(src))
+
+
+def test_unknown_tensors_are_not_dropped(hf_models, tmp_path):
+    src = _copy(hf_models, "gpt2", tmp_path)
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["score.weight"] = np.ones((2, 32), np.float32)  # e.g. a sequence-classifier head
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError, match="no t5lite counterpart.*score.weight"):
+        convert.hf_to_t5lite(str(src))
+
+
+def test_export_checks_params_against_config(hf_models, tmp_path):
+    cfg, params = convert.hf_to_t5lite(hf_models["gpt2"][0])
+    cfg.model.vocab_size += 1  # params no longer match the config
+    with pytest.raises(UserError, match="token_embedder/embedding has shape"):
+        convert.t5lite_to_hf(cfg, params, str(tmp_path / "x"))
+    cfg.model.vocab_size -= 1
+    cfg.model.position = "rope"
+    with pytest.raises(UserError, match="cannot be exported as gpt2.*position='rope'"):
+        convert.t5lite_to_hf(cfg, params, str(tmp_path / "y"))
