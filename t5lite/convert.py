@@ -1,7 +1,8 @@
 """Import / export Hugging Face T5, BERT and GPT-2 checkpoints (local directories only).
 
 Supported HF classes: T5ForConditionalGeneration (v1.0: relu, tied and rescaled LM head; v1.1:
-gated-gelu, untied), BertForPreTraining (MLM + NSP heads, pooler, token types) and
+gated-gelu, untied), BertForPreTraining (MLM + NSP heads, pooler, token types; also
+BertForMaskedLM, which many BERT checkpoints name while holding the NSP head too) and
 GPT2LMHeadModel. ``hf_to_t5lite`` maps the HF config.json onto a t5lite Config and every HF
 tensor onto the t5lite parameter tree (layout: t5lite/models/architectures.py docstring), for
 ``scan_layers`` True (layers stacked on a leading axis) or False (``layers_0 ...``).
@@ -31,6 +32,7 @@ from t5lite.errors import UserError
 SUPPORTED = {
     "T5ForConditionalGeneration": "t5",
     "BertForPreTraining": "bert",
+    "BertForMaskedLM": "bert",  # heads present in the file decide (pooler / NSP optional)
     "GPT2LMHeadModel": "gpt2",
 }
 _BY_MODEL_TYPE = {"t5": "T5ForConditionalGeneration", "bert": "BertForPreTraining",
@@ -202,7 +204,11 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
         m.num_decoder_layers = 0
         m.norm, m.norm_eps, m.pre_norm, m.use_bias = "layernorm", g("layer_norm_eps", 1e-12), False, True
         m.position, m.max_length = "learned", g("max_position_embeddings", 512)
-        m.num_token_types, m.nsp_head, m.pooler = g("type_vocab_size", 2), True, True
+        m.num_token_types = g("type_vocab_size", 2)
+        if tensors is None:  # no weights to look at: BertForPreTraining has both heads
+            tensors = {"cls.seq_relationship.weight": 1, "bert.pooler.dense.weight": 1}
+        m.nsp_head = "cls.seq_relationship.weight" in tensors
+        m.pooler = m.nsp_head or "bert.pooler.dense.weight" in tensors
         m.dropout_rate = float(g("hidden_dropout_prob", 0.1))
         m.tie_embeddings = g("tie_word_embeddings", True) is not False
         m.scale_attn_logits, m.embed_norm, m.scale_tied_logits = True, True, False
@@ -243,8 +249,8 @@ def family_of(m) -> str:
                    position="relative", shared_encoder_decoder=False, embed_norm=False,
                    scale_attn_logits=False, num_classes=0),
         "bert": dict(architecture="encoder_only", norm="layernorm", pre_norm=False, use_bias=True,
-                     position="learned", embed_norm=True, scale_attn_logits=True, nsp_head=True,
-                     num_classes=0),
+                     position="learned", embed_norm=True, scale_attn_logits=True,
+                     pooler=m.nsp_head, num_classes=0),
         "gpt2": dict(architecture="decoder_only", norm="layernorm", pre_norm=True, use_bias=True,
                      position="learned", embed_norm=False, scale_attn_logits=True, num_classes=0),
     }
@@ -295,7 +301,8 @@ def config_to_hf(m) -> dict:
         }
     if fam == "bert":
         return {
-            "architectures": ["BertForPreTraining"], "model_type": "bert",
+            "architectures": ["BertForPreTraining" if m.nsp_head else "BertForMaskedLM"],
+            "model_type": "bert",
             "vocab_size": m.vocab_size, "hidden_size": m.d_model,
             "num_hidden_layers": m.num_encoder_layers, "num_attention_heads": m.num_heads,
             "intermediate_size": m.d_ff, "hidden_act": _ACT_OUT[m.ffn],
@@ -421,11 +428,13 @@ def _bert_rules(m) -> tuple[list, set]:
         rules += _linear(p + ("mlp", "wi"), f"{b}.intermediate.dense", d, f, i, True)
         rules += _linear(p + ("mlp", "wo"), f"{b}.output.dense", f, d, i, True)
         rules += _norm(p + ("post_mlp_layer_norm",), f"{b}.output.LayerNorm", d, i)
-    rules += _linear(("pooler",), "bert.pooler.dense", d, d, bias=True)
+    if m.pooler:
+        rules += _linear(("pooler",), "bert.pooler.dense", d, d, bias=True)
     rules += _linear(("mlm_dense",), "cls.predictions.transform.dense", d, d, bias=True)
     rules += _norm(("mlm_norm",), "cls.predictions.transform.LayerNorm", d)
     rules.append(Rule(("mlm_bias",), "cls.predictions.bias", (v,)))
-    rules += _linear(("nsp_dense",), "cls.seq_relationship", d, 2, bias=True)
+    if m.nsp_head:
+        rules += _linear(("nsp_dense",), "cls.seq_relationship", d, 2, bias=True)
     ignorable = {"bert.embeddings.position_ids", "cls.predictions.decoder.bias"}
     if m.tie_embeddings:
         ignorable.add("cls.predictions.decoder.weight")

@@ -213,3 +213,21 @@ def test_export_checks_params_against_config(hf_models, tmp_path):
     cfg.model.position = "rope"
     with pytest.raises(UserError, match="cannot be exported as gpt2.*position='rope'"):
         convert.t5lite_to_hf(cfg, params, str(tmp_path / "y"))
+
+
+def test_bert_masked_lm_without_nsp_head(tmp_path):
+    """BertForMaskedLM (no pooler, no NSP) imports as an MLM-only encoder and exports back."""
+    import transformers
+    model = transformers.BertForMaskedLM(F.bert_config())
+    F.randomize_(model, seed=5)
+    src = F.save_hf_model(model.eval(), tmp_path / "mlm")
+    cfg, params = convert.hf_to_t5lite(src)
+    assert not cfg.model.nsp_head and not cfg.model.pooler and "pooler" not in params
+    out = convert.t5lite_to_hf(cfg, params, str(tmp_path / "out"))
+    assert json.loads(open(os.path.join(out, "config.json")).read())["architectures"] == [
+        "BertForMaskedLM"]
+    assert_bitwise_equal(params, convert.hf_to_t5lite(out)[1])
+    hf_batch, _, mask = F.bert_batches(np.random.default_rng(2))
+    exported = transformers.BertForMaskedLM.from_pretrained(out).eval()
+    diff = np.abs(_logits(model, hf_batch) - _logits(exported, hf_batch))
+    assert diff[mask.astype(bool)].max() < 1e-5
