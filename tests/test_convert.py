@@ -231,3 +231,21 @@ def test_bert_masked_lm_without_nsp_head(tmp_path):
     exported = transformers.BertForMaskedLM.from_pretrained(out).eval()
     diff = np.abs(_logits(model, hf_batch) - _logits(exported, hf_batch))
     assert diff[mask.astype(bool)].max() < 1e-5
+
+
+def test_other_weight_formats(hf_models, tmp_path):
+    """pytorch_model.bin, sharded safetensors and bfloat16 weights give the same params."""
+    _, model = hf_models["gpt2"]
+    _, ref = convert.hf_to_t5lite(hf_models["gpt2"][0])
+    os.makedirs(tmp_path / "bin")  # transformers 5 no longer writes .bin; older releases did
+    shutil.copy(os.path.join(hf_models["gpt2"][0], "config.json"), tmp_path / "bin")
+    torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    assert_bitwise_equal(convert.hf_to_t5lite(str(tmp_path / "bin"))[1], ref)
+    model.save_pretrained(str(tmp_path / "sharded"), max_shard_size="20KB")
+    assert os.path.exists(tmp_path / "sharded" / "model.safetensors.index.json")
+    assert_bitwise_equal(convert.hf_to_t5lite(str(tmp_path / "sharded"))[1], ref)
+    import copy
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"))
+    _, bf16 = convert.hf_to_t5lite(str(tmp_path / "bf16"))
+    rounded = jax.tree.map(lambda x: np.asarray(x.astype(jax.numpy.bfloat16), np.float32), ref)
+    assert_bitwise_equal(bf16, rounded)
