@@ -1,0 +1,238 @@
+"""Checkpoints (orbax): async save every N steps, keep K, exact resume, another mesh, partial
+restore for finetuning, fallback from a corrupt newest checkpoint.
+
+Layout of a workdir:
+    config.json                         the resolved Config
+    checkpoints/<step>/params/          unboxed params (orbax StandardSave): the same format as
+                                        a params-only dir's params/ (CONTRACTS.md)
+    checkpoints/<step>/opt/             {"step", "opt_state"}
+    data_state/<step>/process_<i>.*     this process's tf.data iterator (tf.train.Checkpoint)
+
+Exact data resume uses tf.data iterator checkpointing (as T5X does) rather than skipping ahead:
+restoring is O(1) whatever the step, and shuffle / packing buffers come back exactly. The state
+is written synchronously before the (async) orbax save of the same step, and restored only
+together with that step. Arrays are restored onto whatever shardings the caller asks for, so a
+checkpoint written on 8 devices restores on 1 or 2 (or a different mesh).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from t5lite import config as config_lib
+from t5lite.errors import UserError
+
+log = logging.getLogger("t5lite")
+
+
+def _abstract(tree):
+    """Concrete or abstract arrays -> ShapeDtypeStructs carrying their shardings."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        tree)
+
+
+def _is_tf_iterator(it) -> bool:
+    try:
+        import tensorflow as tf
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(it, tf.data.Iterator)
+
+
+class Checkpointer:
+    """Owns workdir/checkpoints and workdir/data_state for one training run."""
+
+    def __init__(self, workdir: str, ckpt_cfg):
+        self.workdir = os.path.abspath(workdir)
+        self.dir = os.path.join(self.workdir, "checkpoints")
+        self.data_dir = os.path.join(self.workdir, "data_state")
+        self.cfg = ckpt_cfg
+        self.manager = ocp.CheckpointManager(
+            self.dir,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=ckpt_cfg.keep if ckpt_cfg.keep > 0 else None,
+                enable_async_checkpointing=ckpt_cfg.async_save, create=True,
+                cleanup_tmp_directories=True))
+
+    # ------------------------------------------------------------------ save
+    def should_save(self, step: int, last_step: int) -> bool:
+        every = self.cfg.every_steps
+        return step == last_step or (every > 0 and step % every == 0)
+
+    def save(self, step: int, state, data_iter=None) -> None:
+        """Save `state` (a TrainState) at `step`; the caller checked it is finite."""
+        if data_iter is not None and _is_tf_iterator(data_iter):
+            import tensorflow as tf
+            prefix = os.path.join(self.data_dir, str(step), f"process_{jax.process_index()}")
+            tf.train.Checkpoint(iterator=data_iter).write(prefix)
+        self.manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            opt=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state})),
+            force=True)
+        self._prune_data_state(keep={step})
+
+    def _prune_data_state(self, keep=()) -> None:
+        if jax.process_index() != 0 or not os.path.isdir(self.data_dir):
+            return
+        live = set(self.manager.all_steps()) | set(keep)
+        for name in os.listdir(self.data_dir):
+            if name.isdigit() and int(name) not in live and int(name) < max(live, default=0):
+                shutil.rmtree(os.path.join(self.data_dir, name), ignore_errors=True)
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+    # ------------------------------------------------------------------ restore
+    def latest_step(self):
+        return self.manager.latest_step()
+
+    def restore_latest(self, state_like, data_iter=None):
+        """Restore the newest readable checkpoint onto the shardings of `state_like` (a TrainState
+        of arrays or ShapeDtypeStructs). Corrupt steps are moved to workdir/corrupt_checkpoints/
+        with a warning and the previous one is used. -> (state, step) or (None, 0)."""
+        abstract = _abstract(state_like)
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                restored = self.manager.restore(step, args=ocp.args.Composite(
+                    params=ocp.args.StandardRestore(abstract.params),
+                    opt=ocp.args.StandardRestore(
+                        {"step": abstract.step, "opt_state": abstract.opt_state})))
+            except Exception as e:  # noqa: BLE001 - any read error means "unusable"
+                self._quarantine(step, e)
+                continue
+            state = state_like.replace(step=restored.opt["step"], params=restored.params,
+                                       opt_state=restored.opt["opt_state"])
+            if data_iter is not None:
+                self.restore_data(step, data_iter)
+            return state, step
+        return None, 0
+
+    def _quarantine(self, step: int, err: Exception) -> None:
+        msg = (f"checkpoint step {step} in {self.dir} is unreadable "
+               f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+               "falling back to the previous one")
+        log.warning(msg)
+        print(f"t5lite: warning: {msg}", flush=True)
+        if jax.process_index() == 0:
+            bad = os.path.join(self.workdir, "corrupt_checkpoints")
+            os.makedirs(bad, exist_ok=True)
+            shutil.move(os.path.join(self.dir, str(step)),
+                        os.path.join(bad, f"{step}.{int(time.time())}"))
+        self.manager.reload()
+
+    def restore_data(self, step: int, data_iter) -> None:
+        prefix = os.path.join(self.data_dir, str(step), f"process_{jax.process_index()}")
+        if not _is_tf_iterator(data_iter):
+            raise UserError("exact resume needs a tf.data iterator (from pipeline.get_dataset); "
+                            f"got {type(data_iter).__name__}")
+        if not os.path.exists(prefix + ".index"):
+            raise UserError(
+                f"checkpoint step {step} has no data iterator state at {prefix} (written by "
+                "another number of processes?). Resume with the same process count, or start "
+                "a new workdir with checkpoint.init_from to keep only the params.")
+        import tensorflow as tf
+        tf.train.Checkpoint(iterator=data_iter).read(prefix).assert_consumed()
+
+
+# ---------------------------------------------------------------------- params-only loading
+
+
+def _find_params_dir(path: str, step: int = -1):
+    """-> (params_dir, config_json_path) for a params-only dir, a workdir or a step dir."""
+    path = os.path.abspath(path)
+    if os.path.isdir(os.path.join(path, "checkpoints")):  # training workdir
+        mgr = ocp.CheckpointManager(os.path.join(path, "checkpoints"),
+                                    options=ocp.CheckpointManagerOptions(read_only=True))
+        steps = sorted(mgr.all_steps(), reverse=True)
+        mgr.close()
+        if step >= 0:
+            if step not in steps:
+                raise UserError(f"{path} has no checkpoint at step {step}; it has {sorted(steps)}")
+            steps = [step]
+        if not steps:
+            raise UserError(f"{path} has no finished checkpoints yet")
+        cands = [os.path.join(path, "checkpoints", str(s), "params") for s in steps]
+        return cands, os.path.join(path, "config.json")
+    if os.path.isdir(os.path.join(path, "params")):
+        cfg = os.path.join(path, "config.json")
+        if not os.path.exists(cfg):  # step dir: workdir/checkpoints/<step>
+            cfg = os.path.join(os.path.dirname(os.path.dirname(path)), "config.json")
+        return [os.path.join(path, "params")], cfg
+    raise UserError(f"{path} is not a t5lite checkpoint: expected a params-only dir "
+                    "(config.json + params/), a training workdir (config.json + checkpoints/) "
+                    "or a step dir (checkpoints/<step>)")
+
+
+def load_config_json(path: str):
+    if not os.path.exists(path):
+        raise UserError(f"missing {path}: the checkpoint's config.json is needed to rebuild "
+                        "the model")
+    with open(path) as f:
+        return config_lib.from_dict(json.load(f))
+
+
+def load_params(path: str, abstract_params=None, step: int = -1):
+    """-> (Config, params) from a params-only dir, a workdir (latest readable step, or `step`)
+    or a step dir. With `abstract_params` (ShapeDtypeStructs with shardings and the same tree)
+    arrays land sharded; otherwise on the first local device."""
+    cands, cfg_path = _find_params_dir(path, step)
+    cfg = load_config_json(cfg_path)
+    ckptr = ocp.StandardCheckpointer()
+    last_err = None
+    for params_dir in cands:
+        try:
+            if abstract_params is None:
+                meta = ckptr.metadata(params_dir).item_metadata.tree
+                dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+                target = jax.tree.map(
+                    lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev), meta)
+            else:
+                target = abstract_params
+            return cfg, ckptr.restore(params_dir, target)
+        except Exception as e:  # noqa: BLE001
+            last_err = e
+            log.warning("params at %s unreadable (%s); trying the previous step", params_dir, e)
+    raise UserError(f"no readable params under {path}: {last_err}")
+
+
+def merge_params(target, source, announce=print):
+    """Partial restore for finetuning: take every source param whose path and shape match the
+    target; keep the target's fresh init for the rest (e.g. a new classification head); ignore
+    source params the target lacks. Both are nested dicts; logs what was not transferred."""
+    flat_t = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(target)}
+    flat_s = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(source)}
+    missing = sorted(set(flat_t) - set(flat_s))
+    extra = sorted(set(flat_s) - set(flat_t))
+    for k in set(flat_t) & set(flat_s):
+        if tuple(flat_t[k].shape) != tuple(flat_s[k].shape):
+            raise UserError(
+                f"init_from: parameter {k} has shape {tuple(flat_s[k].shape)} in the checkpoint "
+                f"but {tuple(flat_t[k].shape)} in this model; make the model config match the "
+                "pretrained one (e.g. model.vocab_size, d_model, num_heads)")
+    if missing:
+        announce(f"init_from: {len(missing)} params not in the checkpoint keep their fresh "
+                 f"init: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    if extra:
+        announce(f"init_from: {len(extra)} checkpoint params unused by this model: "
+                 f"{', '.join(extra[:8])}{' ...' if len(extra) > 8 else ''}")
+
+    def pick(path, t):
+        s = flat_s.get(jax.tree_util.keystr(path))
+        if s is None:
+            return t
+        return jax.device_put(np.asarray(s).astype(t.dtype), t.sharding)
+
+    return jax.tree_util.tree_map_with_path(pick, target)

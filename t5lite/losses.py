@@ -1,0 +1,105 @@
+"""Losses: token cross entropy (z-loss, label smoothing, T5 normalisation), BERT MLM + NSP,
+sequence classification.
+
+Every term is a *sum* divided by a normaliser computed from the whole (global) batch. With
+gradient accumulation the train step computes the normalisers once for the full batch and passes
+them to each micro-batch, so the sum over micro-batches is exactly the big-batch loss.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def cross_entropy_with_logits(logits, targets, label_smoothing=0.0, z_loss=0.0):
+    """Per-token cross entropy (T5X semantics) and z-loss, both float32 with the targets' shape.
+
+    Label smoothing puts `label_smoothing` mass uniformly on the other V-1 classes and subtracts
+    the entropy of that soft target, so a perfect prediction has loss 0. The z-loss
+    z_loss * log(Z)^2 keeps the softmax normaliser near 1 (PaLM / T5X).
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    log_probs = logits - log_z[..., None]
+    if label_smoothing > 0.0:
+        confidence = 1.0 - label_smoothing
+        low = label_smoothing / (vocab - 1)
+        norm_const = -(confidence * jnp.log(confidence)
+                       + (vocab - 1) * low * jnp.log(low + 1e-20))
+        soft = jax.nn.one_hot(targets, vocab, on_value=confidence, off_value=low)
+        ce = -jnp.sum(soft * log_probs, axis=-1) - norm_const
+    else:
+        ce = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    zl = z_loss * jnp.square(log_z)
+    return ce, zl
+
+
+def _token_keys(batch):
+    if "decoder_target_tokens" in batch:
+        return "decoder_target_tokens", "decoder_loss_weights"
+    if "encoder_target_tokens" in batch:
+        return "encoder_target_tokens", "encoder_loss_weights"
+    return None, None
+
+
+def normalizers(cfg, batch) -> dict:
+    """Denominators of each loss term, from the *full* batch (independent of the parameters)."""
+    out = {}
+    _, w_key = _token_keys(batch)
+    if w_key is not None:
+        real = jnp.sum(batch[w_key].astype(jnp.float32))
+        out["tokens"] = jnp.maximum(real, 1.0)
+        # T5: a constant factor (e.g. 233472 = 2048 * 114) instead of the real-token count.
+        out["loss"] = (jnp.float32(cfg.train.loss_normalizing_factor)
+                       if cfg.train.loss_normalizing_factor else out["tokens"])
+    out["examples"] = jnp.float32(next(iter(batch.values())).shape[0])  # NSP / classification
+    return out
+
+
+def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
+    """-> (scalar loss, metrics). Metrics are already divided by the batch normalisers, so they
+    add up over micro-batches.
+
+    - "class_logits" present: classification loss only (finetuning with a head).
+    - otherwise token cross entropy over the target tokens (LM / T5 / BERT MLM), plus the NSP
+      loss when "nsp_logits" is present (BERT pretraining).
+    """
+    if norms is None:
+        norms = normalizers(cfg, batch)
+    metrics = {}
+    if "class_logits" in outputs:
+        ce, _ = cross_entropy_with_logits(outputs["class_logits"], batch["class_labels"],
+                                          cfg.train.label_smoothing)
+        correct = jnp.argmax(outputs["class_logits"], -1) == batch["class_labels"]
+        loss = jnp.sum(ce) / norms["examples"]
+        metrics["class_loss"] = loss
+        metrics["accuracy"] = jnp.sum(correct) / norms["examples"]
+        metrics["loss"] = loss
+        return loss, metrics
+
+    t_key, w_key = _token_keys(batch)
+    if t_key is None:
+        raise ValueError("batch has no decoder_/encoder_target_tokens and outputs no class_logits")
+    targets, weights = batch[t_key], batch[w_key].astype(jnp.float32)
+    ce, zl = cross_entropy_with_logits(outputs["logits"], targets, cfg.train.label_smoothing,
+                                       cfg.train.z_loss)
+    ce_sum, z_sum = jnp.sum(ce * weights), jnp.sum(zl * weights)
+    loss = (ce_sum + z_sum) / norms["loss"]
+    correct = (jnp.argmax(outputs["logits"], -1) == targets).astype(jnp.float32) * weights
+    metrics["cross_entropy"] = ce_sum / norms["tokens"]  # per real token, whatever the factor
+    metrics["z_loss"] = z_sum / norms["tokens"]
+    metrics["accuracy"] = jnp.sum(correct) / norms["tokens"]
+    metrics["num_tokens"] = jnp.sum(weights)
+
+    if "nsp_logits" in outputs:
+        nsp_ce, _ = cross_entropy_with_logits(outputs["nsp_logits"], batch["nsp_labels"])
+        nsp = jnp.sum(nsp_ce) / norms["examples"]
+        metrics["mlm_loss"] = loss
+        metrics["nsp_loss"] = nsp
+        metrics["nsp_accuracy"] = jnp.sum(
+            jnp.argmax(outputs["nsp_logits"], -1) == batch["nsp_labels"]) / norms["examples"]
+        loss = loss + nsp
+    metrics["loss"] = loss
+    return loss, metrics

@@ -1,0 +1,126 @@
+"""Training metrics: console progress bar (tqdm), TensorBoard events (tensorboardX) and
+workdir/metrics.jsonl; model FLOPs utilisation (MFU).
+
+Only process 0 writes. On resume, records after the restored step are dropped from the JSONL
+and TensorBoard is told to purge them, so the logs always describe one consistent run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+import jax.extend as jex
+import numpy as np
+
+# Dense bf16 peak FLOP/s per device (vendor data sheets). MFU = achieved model FLOP/s / peak.
+PEAK_FLOPS = {
+    "TPU v2": 45e12, "TPU v3": 123e12, "TPU v4": 275e12, "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12, "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12, "TPU7x": 2307e12,
+    "H100": 989e12, "H200": 989e12, "H800": 989e12, "B200": 2250e12, "GH200": 989e12,
+    "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+    "V100": 125e12, "T4": 65e12,
+}
+
+
+def peak_flops_per_device(override: float = 0.0):
+    """Peak FLOP/s of one local device, or None when unknown (CPUs: no honest single number;
+    pass train.peak_flops to get an MFU against a peak you choose)."""
+    if override > 0:
+        return override
+    kind = jax.local_devices()[0].device_kind
+    for name in sorted(PEAK_FLOPS, key=len, reverse=True):  # longest match first
+        if name.lower() in kind.lower():
+            return PEAK_FLOPS[name]
+    return None
+
+
+def _dot_flops(eqn) -> int:
+    lhs, rhs = (v.aval for v in eqn.invars[:2])
+    (lc, _), (lb, _) = eqn.params["dimension_numbers"]
+    contract = math.prod(lhs.shape[d] for d in lc)
+    out = eqn.outvars[0].aval
+    return 2 * math.prod(out.shape) * contract
+
+
+def _jaxpr_matmul_flops(jaxpr) -> int:
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            total += _dot_flops(eqn)
+        mult = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        for sub in jex.core.jaxprs_in_params(eqn.params):
+            total += mult * _jaxpr_matmul_flops(sub)
+    return total
+
+
+def matmul_flops(fn, *args, **kwargs) -> int:
+    """FLOPs of every matmul (dot_general) in fn's forward pass, counted from its jaxpr
+    (scanned layers multiplied by their length). Exact for any architecture and lengths."""
+    closed = jax.make_jaxpr(fn)(*args, **kwargs)
+    return _jaxpr_matmul_flops(closed.jaxpr)
+
+
+class MetricsLogger:
+    """One call per logged step; writes bar / TensorBoard / JSONL on process 0 only."""
+
+    def __init__(self, workdir: str, total_steps: int, start_step: int = 0, enabled=None,
+                 progress_bar: bool = True):
+        self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.bar = self.tb = None
+        if not self.enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        self._truncate_after(start_step)
+        from tensorboardX import SummaryWriter
+        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
+        if progress_bar:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step",
+                            dynamic_ncols=True, smoothing=0.1)
+        self.step = start_step
+
+    def _truncate_after(self, step: int) -> None:
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            rows = [line for line in f if line.strip()]
+        kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
+        if len(kept) != len(rows):
+            with open(self.path, "w") as f:
+                f.writelines(kept)
+
+    def write(self, step: int, metrics: dict, prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        scalars = {k: float(np.asarray(v)) for k, v in metrics.items()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, "split": prefix, **scalars}) + "\n")
+        for k, v in scalars.items():
+            if math.isfinite(v):
+                self.tb.add_scalar(f"{prefix}/{k}", v, step)
+        if self.bar is not None:
+            if prefix == "train":
+                self.bar.update(step - self.step)
+                self.step = step
+                show = {"loss": "{:.4f}", "accuracy": "{:.3f}", "lr": "{:.2e}",
+                        "tokens_per_s": "{:.0f}", "mfu": "{:.1%}"}
+                self.bar.set_postfix({k.replace("tokens_per_s", "tok/s"): f.format(scalars[k])
+                                      for k, f in show.items() if k in scalars}, refresh=True)
+            else:
+                self.bar.write(f"step {step} {prefix}: " + ", ".join(
+                    f"{k}={v:.4g}" for k, v in scalars.items()))
+
+    def info(self, msg: str) -> None:
+        if self.enabled:
+            (self.bar.write if self.bar is not None else print)(msg)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,372 @@
+"""Training: TrainState, jit-compiled train / eval steps with explicit shardings, the loop.
+
+The path reads straight: config -> mesh -> abstract state (eval_shape, logical specs ->
+shardings) -> restore or init -> data iterator -> loop (host batch -> global array -> step ->
+metrics -> checkpoint / eval). Finetuning reuses create_train_state / make_train_step /
+make_eval_step.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Iterator
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from t5lite import checkpointing, losses, metrics_log, optim, partitioning
+from t5lite import config as config_lib
+from t5lite.errors import UserError
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # int32 scalar: number of updates applied
+    params: Any  # unboxed float32 params
+    opt_state: Any
+
+
+# ---------------------------------------------------------------------------- state
+
+
+def _init_batch(cfg, mesh):
+    from t5lite.models import dummy_batch
+    return dummy_batch(cfg.model, partitioning.data_parallel_size(mesh), cfg.data.feature_lengths)
+
+
+def _init_rngs(cfg):
+    key = jax.random.key(cfg.train.seed)
+    return {"params": jax.random.fold_in(key, 0), "dropout": jax.random.fold_in(key, 1)}
+
+
+def abstract_train_state(cfg, model, mesh, tx):
+    """-> (abstract TrainState with shardings, TrainState of NamedShardings, param logical specs).
+
+    Parameter specs come from the model's logical axis names (jax.eval_shape of model.init, then
+    nn.get_partition_spec); optimizer state mirrors them (partitioning.opt_state_specs).
+    """
+    batch = _init_batch(cfg, mesh)
+    with partitioning.activate(mesh):
+        boxed = jax.eval_shape(functools.partial(model.init, deterministic=True),
+                               _init_rngs(cfg), batch)["params"]
+    logical = jax.tree.map(lambda s: s if s is not None else P(), nn.get_partition_spec(boxed),
+                           is_leaf=lambda x: x is None or isinstance(x, P))
+    params = nn.meta.unbox(boxed)
+    partitioning.check_divisible(params, logical, mesh)
+    param_sh = partitioning.logical_sharding(logical, mesh)
+    opt = jax.eval_shape(tx.init, params)
+    opt_logical = partitioning.opt_state_specs(opt, params, logical)
+    opt_sh = partitioning.logical_sharding(opt_logical, mesh)
+    shardings = TrainState(step=partitioning.replicated(mesh), params=param_sh, opt_state=opt_sh)
+    abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, shardings)
+    return abstract, shardings, logical
+
+
+def create_train_state(cfg, model, mesh, tx, params=None):
+    """Fresh sharded TrainState (params initialised on-device, already sharded) -> (state,
+    shardings). `params` (unboxed, e.g. from init_from) replaces the fresh init if given."""
+    abstract, shardings, _ = abstract_train_state(cfg, model, mesh, tx)
+    batch = _init_batch(cfg, mesh)
+
+    def init(rngs):
+        p = nn.meta.unbox(model.init(rngs, batch, deterministic=True)["params"])
+        if params is not None:
+            p = params
+        return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+
+    with partitioning.activate(mesh):
+        state = jax.jit(init, out_shardings=shardings)(_init_rngs(cfg))
+    return state, shardings
+
+
+# ---------------------------------------------------------------------------- steps
+
+
+def _split_micro(batch, k):
+    """[B, ...] -> [k, B/k, ...] with micro-batch j = rows j, j+k, ...: each device's rows stay
+    local (the sharded dim is B/k), so the split needs no communication."""
+    def split(x):
+        x = x.reshape((x.shape[0] // k, k) + x.shape[1:])
+        return jax.lax.with_sharding_constraint(jnp.swapaxes(x, 0, 1),
+                                                P(None, partitioning.BATCH_AXES))
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(cfg, model, tx, mesh, shardings, schedule=None):
+    """jit(state, batch) -> (state, metrics). Gradient accumulation over train.grad_accum_steps
+    micro-batches (lax.scan) with the loss normalisers of the full batch, so it equals one big
+    batch. Dropout keys: fold_in(seed stream, step, micro). A step whose loss, gradient or new
+    params are not finite leaves the state unchanged and reports finite=0."""
+    k = cfg.train.grad_accum_steps
+    dropout_key = _init_rngs(cfg)["dropout"]
+    schedule = schedule or optim.make_schedule(cfg.optim, cfg.train.steps)
+
+    def micro_loss(params, micro, key, norms):
+        outputs = model.apply({"params": params}, micro, deterministic=False,
+                              rngs={"dropout": key})
+        return losses.compute_loss(cfg, outputs, micro, norms)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def step_fn(state, batch):
+        key = jax.random.fold_in(dropout_key, state.step)
+        norms = losses.normalizers(cfg, batch)
+        if k == 1:
+            (_, metrics), grads = grad_fn(state.params, batch, jax.random.fold_in(key, 0), norms)
+        else:
+            micro = _split_micro(batch, k)
+
+            def body(acc, xs):
+                i, mb = xs
+                (_, m), g = grad_fn(state.params, mb, jax.random.fold_in(key, i), norms)
+                return jax.tree.map(jnp.add, acc, (g, m)), None
+
+            shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro),
+                                    key, norms)
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[0][1]))
+            zeros = (jax.lax.with_sharding_constraint(zeros[0], shardings.params), zeros[1])
+            (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro))
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        grad_norm, param_norm = optax.tree.norm(grads), optax.tree.norm(params)
+        ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
+        new = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, state)
+        metrics = dict(metrics, grad_norm=grad_norm, param_norm=param_norm,
+                       lr=schedule(state.step), finite=ok.astype(jnp.float32))
+        return new, metrics
+
+    rep = partitioning.replicated(mesh)
+    jitted = jax.jit(step_fn, in_shardings=(shardings, partitioning.batch_sharding(mesh)),
+                     out_shardings=(shardings, rep), donate_argnums=(0,))
+
+    def run(state, batch):
+        with partitioning.activate(mesh):
+            return jitted(state, batch)
+    run.jitted = jitted
+    return run
+
+
+def make_eval_step(cfg, model, mesh, param_shardings):
+    """jit(params, batch) -> metrics (deterministic forward, same losses as training)."""
+    def eval_fn(params, batch):
+        outputs = model.apply({"params": params}, batch, deterministic=True)
+        return losses.compute_loss(cfg, outputs, batch)[1]
+
+    jitted = jax.jit(eval_fn, in_shardings=(param_shardings, partitioning.batch_sharding(mesh)),
+                     out_shardings=partitioning.replicated(mesh))
+
+    def run(params, batch):
+        with partitioning.activate(mesh):
+            return jitted(params, batch)
+    return run
+
+
+def step_flops(cfg, model, mesh, abstract_params, batch_size) -> int:
+    """Model FLOPs of one training step: 3 x forward matmul FLOPs (forward + backward)."""
+    from t5lite.models import dummy_batch
+    batch = dummy_batch(cfg.model, batch_size, cfg.data.feature_lengths)
+    fwd = functools.partial(model.apply, deterministic=True)
+    with partitioning.activate(mesh):
+        return 3 * metrics_log.matmul_flops(lambda p, b: fwd({"params": p}, b), abstract_params,
+                                            batch)
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def _prepare_tasks(cfg):
+    if cfg.data.data_dir:
+        os.environ["T5LITE_DATA_DIR"] = os.path.abspath(cfg.data.data_dir)
+    import t5lite.tasks  # noqa: F401  registers tasks and mixtures
+    import seqio
+    try:
+        task = seqio.get_mixture_or_task(cfg.data.mixture_or_task)
+    except ValueError as e:
+        raise UserError(f"unknown task or mixture {cfg.data.mixture_or_task!r} "
+                        "(data.mixture_or_task); see `t5lite tasks list`") from e
+    for name, feat in task.output_features.items():
+        size = feat.vocabulary.vocab_size
+        if size > cfg.model.vocab_size:
+            raise UserError(
+                f"model.vocab_size={cfg.model.vocab_size} is smaller than the {size} ids of "
+                f"task {cfg.data.mixture_or_task!r} (feature {name!r}). Set model.vocab_size "
+                f">= {size} (a multiple of 128 is fastest).")
+
+
+def dataset_iterator(cfg, split: str, shuffle: bool, num_epochs=None):
+    """A tf.data iterator over this process's batches of `split` (checkpointable)."""
+    from t5lite.tasks import pipeline
+    ds = pipeline.get_dataset(
+        cfg.data.mixture_or_task, feature_lengths=dict(cfg.data.feature_lengths),
+        architecture=cfg.model.architecture,
+        batch_size=cfg.data.batch_size // jax.process_count(), split=split, shuffle=shuffle,
+        seed=cfg.data.seed, pack=cfg.data.pack, shard_info=partitioning.shard_info(),
+        num_epochs=num_epochs)
+    return iter(ds)
+
+
+def _to_numpy(batch) -> dict:
+    return {k: np.asarray(v) for k, v in batch.items()}
+
+
+def _count_tokens(host_batch) -> int:
+    n = 0
+    for key in ("encoder_input_tokens", "decoder_target_tokens", "encoder_target_tokens"):
+        if key in host_batch and not (key == "encoder_target_tokens"
+                                      and "encoder_input_tokens" in host_batch):
+            n += int(np.count_nonzero(host_batch[key]))
+    return n * jax.process_count()
+
+
+# ---------------------------------------------------------------------------- loop
+
+
+def write_config(cfg, workdir: str) -> None:
+    if jax.process_index() == 0:
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump(config_lib.to_dict(cfg), f, indent=2)
+
+
+def train(cfg, workdir: str, train_iter: Iterator | None = None,
+          eval_iter_fn: Callable[[], Iterator] | None = None, devices=None,
+          trainable_mask=None) -> dict:
+    """Train cfg in workdir, resuming from its newest readable checkpoint. -> final metrics.
+
+    train_iter / eval_iter_fn replace the seqio pipeline (any iterators of host batches with
+    the contract's keys); tf.data iterators are also checkpointed for exact resume.
+    """
+    from t5lite.models import build_model
+    partitioning.initialize_multihost(cfg.mesh)
+    mesh = partitioning.make_mesh(cfg.mesh, devices)
+    partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
+    if train_iter is None:
+        _prepare_tasks(cfg)
+    write_config(cfg, workdir)
+
+    model = build_model(cfg.model)
+    tx = optim.make_optimizer(cfg.optim, cfg.train.steps, trainable_mask)
+    abstract, shardings, _ = abstract_train_state(cfg, model, mesh, tx)
+    ckpt = checkpointing.Checkpointer(workdir, cfg.checkpoint)
+    data_iter = train_iter if train_iter is not None else dataset_iterator(
+        cfg, cfg.data.train_split, cfg.data.shuffle)
+    tf_iter = checkpointing._is_tf_iterator(data_iter)
+    try:
+        state, start = ckpt.restore_latest(abstract, data_iter if tf_iter else None)
+        logger = metrics_log.MetricsLogger(workdir, cfg.train.steps, start_step=start)
+        try:
+            return _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
+                         data_iter, tf_iter, eval_iter_fn)
+        finally:
+            logger.close()
+    finally:
+        ckpt.close()
+
+
+def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt, data_iter,
+          tf_iter, eval_iter_fn):
+    if state is not None:
+        logger.info(f"resumed from {ckpt.dir}/{start}"
+                    + ("" if tf_iter else " (data iterator position not restored: not tf.data)"))
+    else:
+        state, _ = create_train_state(cfg, model, mesh, tx)
+        if cfg.checkpoint.init_from:
+            _, src = checkpointing.load_params(cfg.checkpoint.init_from,
+                                               step=cfg.checkpoint.init_step)
+            params = checkpointing.merge_params(state.params, src, announce=logger.info)
+            state, _ = create_train_state(cfg, model, mesh, tx, params=params)
+            logger.info(f"initialised params from {cfg.checkpoint.init_from}")
+    train_step = make_train_step(cfg, model, tx, mesh, shardings)
+    eval_step = make_eval_step(cfg, model, mesh, shardings.params)
+    bsh = partitioning.batch_sharding(mesh)
+    flops = step_flops(cfg, model, mesh, abstract.params, cfg.data.batch_size)
+    peak = metrics_log.peak_flops_per_device(cfg.train.peak_flops)
+    total = cfg.train.steps
+    last_ckpt = start
+    clock = {"t": time.time(), "step": start, "tokens": 0}
+    final = {}
+
+    def flush(step, metrics, tokens):
+        nonlocal final
+        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        clock["tokens"] += tokens
+        if not m.pop("finite"):
+            if not cfg.train.stop_on_nan:
+                logger.info(f"warning: step {step} loss {m['loss']} not finite; update skipped")
+                return
+            ckpt.wait()
+            raise UserError(
+                f"loss became {m['loss']} at step {step} (grad_norm={m['grad_norm']}); stopped. "
+                f"The state was not updated and the last checkpoint ({last_ckpt or 'none'}) "
+                "is good. Lower optim.learning_rate, set optim.clip_grad_norm, or check data.")
+        final = m
+        if step % cfg.train.log_every == 0 or step == total:
+            now = time.time()
+            dt, n = max(now - clock["t"], 1e-9), step - clock["step"]
+            m["tokens_per_s"] = clock["tokens"] / dt
+            m["steps_per_s"] = n / dt
+            if peak:
+                m["mfu"] = flops * n / dt / (peak * mesh.size)
+            logger.write(step, m)
+            clock.update(t=now, step=step, tokens=0)
+
+    pending = None
+    for step in range(start, total):
+        try:
+            host = _to_numpy(next(data_iter))
+        except StopIteration:
+            raise UserError(f"training data ran out at step {step} of {total}; use "
+                            "num_epochs=None (repeat) or fewer train.steps") from None
+        state, metrics = train_step(state, partitioning.global_batch(host, bsh))
+        if pending is not None:  # read the previous step's metrics while this one runs
+            flush(*pending)
+        pending = (step + 1, metrics, _count_tokens(host))
+        if ckpt.should_save(step + 1, total):
+            flush(*pending)
+            pending = None
+            ckpt.save(step + 1, state, data_iter if tf_iter else None)
+            last_ckpt = step + 1
+        if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < total:
+            final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
+                                   eval_iter_fn))
+    if pending is not None:
+        flush(*pending)
+    if total > start or not final:
+        final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, max(total, start),
+                               eval_iter_fn))
+    return final
+
+
+def _evaluate(cfg, eval_step, params, bsh, logger, step, eval_iter_fn) -> dict:
+    """Mean metrics over train.eval_steps batches of data.eval_split (the same batches each
+    time: unshuffled, repeated if the split is small)."""
+    if cfg.train.eval_steps <= 0:
+        return {}
+    it = eval_iter_fn() if eval_iter_fn is not None else dataset_iterator(
+        cfg, cfg.data.eval_split, shuffle=False)
+    sums, n = {}, 0
+    for _ in range(cfg.train.eval_steps):
+        try:
+            host = _to_numpy(next(it))
+        except StopIteration:
+            break
+        m = jax.device_get(eval_step(params, partitioning.global_batch(host, bsh)))
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        n += 1
+    if not n:
+        return {}
+    out = {k: v / n for k, v in sums.items()}
+    logger.write(step, out, prefix="eval")
+    return {f"eval_{k}": v for k, v in out.items()}
