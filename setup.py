@@ -25,6 +25,8 @@ setup(
         "tqdm>=4.66",
         "scipy>=1.11",
         "numpy>=1.26",
+        "tiktoken>=0.7",  # GPT-2 BPE vocabulary (t5lite/tasks/vocabularies.py)
+        "nltk>=3.8",  # Brown corpus detokenizer (data preparation)
         "safetensors>=0.4",  # t5lite convert: Hugging Face weights
     ],
     extras_require={

@@ -787,7 +787,7 @@ def build_vocab_bert(b: Builder) -> list[str]:
 
 
 def train_sentencepiece(corpus_path: str, model_path: str, vocab_size: int = 8000,
-                        sample_percent: int = 8, max_sentences: int = 300_000) -> dict:
+                        sample_percent: int = 8, max_sentences: int = 100_000) -> dict:
     """Unigram SentencePiece with T5's conventions (pad=0, eos=1, unk=2, no bos; byte
     fallback), trained on a deterministic sample of sentences of `corpus_path`."""
     import sentencepiece as spm
