@@ -180,7 +180,8 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
         m.num_heads, m.head_dim = g("num_heads", 8), g("d_kv", 64)
         m.num_encoder_layers = g("num_layers", 6)
         m.num_decoder_layers = g("num_decoder_layers") or m.num_encoder_layers
-        m.norm, m.norm_eps, m.pre_norm, m.use_bias = "rmsnorm", g("layer_norm_epsilon", 1e-6), True, False
+        m.norm, m.norm_eps = "rmsnorm", g("layer_norm_epsilon", 1e-6)
+        m.pre_norm, m.use_bias = True, False
         m.position = "relative"
         m.relative_buckets = g("relative_attention_num_buckets", 32)
         m.relative_max_distance = g("relative_attention_max_distance", 128)
@@ -202,7 +203,8 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
         m.head_dim = m.d_model // m.num_heads
         m.d_ff, m.num_encoder_layers = g("intermediate_size", 3072), g("num_hidden_layers", 12)
         m.num_decoder_layers = 0
-        m.norm, m.norm_eps, m.pre_norm, m.use_bias = "layernorm", g("layer_norm_eps", 1e-12), False, True
+        m.norm, m.norm_eps = "layernorm", g("layer_norm_eps", 1e-12)
+        m.pre_norm, m.use_bias = False, True
         m.position, m.max_length = "learned", g("max_position_embeddings", 512)
         m.num_token_types = g("type_vocab_size", 2)
         if tensors is None:  # no weights to look at: BertForPreTraining has both heads
@@ -226,7 +228,8 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
         m.head_dim = m.d_model // m.num_heads
         m.d_ff = g("n_inner") or 4 * m.d_model
         m.num_encoder_layers, m.num_decoder_layers = 0, g("n_layer", 12)
-        m.norm, m.norm_eps, m.pre_norm, m.use_bias = "layernorm", g("layer_norm_epsilon", 1e-5), True, True
+        m.norm, m.norm_eps = "layernorm", g("layer_norm_epsilon", 1e-5)
+        m.pre_norm, m.use_bias = True, True
         m.position, m.max_length = "learned", g("n_positions", 1024)
         m.dropout_rate = float(g("resid_pdrop", 0.1))
         m.tie_embeddings = g("tie_word_embeddings", True) is not False
@@ -545,7 +548,7 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
                             "fix config.json to match the weights.")
         path = _leaf_path(r, m.scan_layers)
         if path not in want:
-            raise UserError(f"internal: {path} is not a t5lite parameter of this config")
+            raise RuntimeError(f"convert rule for {path}: not a parameter of this model")
         x = x.T if r.transpose else x
         shape = want[path][1:] if (m.scan_layers and r.layer is not None) else want[path]
         x = np.ascontiguousarray(x, np.float32).reshape(shape)
@@ -567,9 +570,10 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
 
 def _check_tied(family, m, tensors, hf_dir):
     """A 'tied' head stored in the file must equal the embedding, else we would drop it."""
-    name, emb = {"t5": ("lm_head.weight", "shared.weight"),
-                 "bert": ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
-                 "gpt2": ("lm_head.weight", "transformer.wte.weight")}[family]
+    name, emb = {
+        "t5": ("lm_head.weight", "shared.weight"),
+        "bert": ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+        "gpt2": ("lm_head.weight", "transformer.wte.weight")}[family]
     if m.tie_embeddings and name in tensors and not np.array_equal(tensors[name], tensors[emb]):
         raise UserError(f"{hf_dir}: config.json ties the output layer to the embedding but "
                         f"{name} differs from {emb}; set tie_word_embeddings=false in "
@@ -577,14 +581,15 @@ def _check_tied(family, m, tensors, hf_dir):
 
 
 def _check_complete(flat: dict, want: dict):
+    """Every model parameter produced with its shape (a failure here is a converter bug)."""
     missing = sorted(set(want) - set(flat))
     if missing:
-        raise UserError("internal: no HF tensor maps to t5lite params "
-                        + ", ".join("/".join(p) for p in missing[:6]))
+        raise RuntimeError("convert: no HF tensor maps to "
+                           + ", ".join("/".join(p) for p in missing[:6]))
     for path, shape in want.items():
         if flat[path].shape != shape:
-            raise UserError(f"internal: {'/'.join(path)} converted to {flat[path].shape}, "
-                            f"expected {shape}")
+            raise RuntimeError(f"convert: {'/'.join(path)} came out {flat[path].shape}, "
+                               f"the model wants {shape}")
 
 
 def t5lite_to_hf(cfg, params, out_dir: str) -> str:

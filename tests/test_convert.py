@@ -249,3 +249,18 @@ def test_other_weight_formats(hf_models, tmp_path):
     _, bf16 = convert.hf_to_t5lite(str(tmp_path / "bf16"))
     rounded = jax.tree.map(lambda x: np.asarray(x.astype(jax.numpy.bfloat16), np.float32), ref)
     assert_bitwise_equal(bf16, rounded)
+
+
+def test_t5_rescaled_head_with_own_weights_folds_the_scale(hf_models, tmp_path):
+    """tie_word_embeddings=true but a distinct lm_head in the file: transformers keeps both and
+    still rescales; t5lite folds d_model**-0.5 into an untied kernel."""
+    src = _copy(hf_models, "t5_v1_0", tmp_path)
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(src / "model.safetensors"))
+    head = np.random.default_rng(0).normal(size=tensors["shared.weight"].shape)
+    tensors["lm_head.weight"] = head.astype(np.float32)
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    cfg, p = convert.hf_to_t5lite(str(src))
+    assert not cfg.model.tie_embeddings
+    np.testing.assert_allclose(p["decoder"]["logits_dense"]["kernel"],
+                               head.T * cfg.model.d_model ** -0.5, rtol=1e-6)
