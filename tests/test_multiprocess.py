@@ -1,0 +1,125 @@
+"""Multi-host training without hosts: 2 JAX processes x 4 CPU devices on 127.0.0.1 (through
+launch/local_multiprocess.py) train exactly like 1 process x 8 devices, and resume exactly.
+
+Each process reads its own shard of the data (seqio ShardInfo), feeds it to
+make_array_from_process_local_data, and only process 0 writes metrics; checkpoints are written
+by both processes together. Unpacked, unshuffled data and no dropout make the global batch
+hold the same examples in both layouts (in another row order), so the losses agree to float
+rounding.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, "launch", "local_multiprocess.py")
+
+OVERRIDES = [
+    "model.vocab_size=640", "model.dropout_rate=0.0", "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1", "data.mixture_or_task=sentiment",
+    "data.feature_lengths={'inputs': 32, 'targets': 4}", "data.batch_size=8", "data.pack=False",
+    "data.shuffle=False", "optim.name=adamw", "optim.learning_rate=0.003",
+    "optim.schedule=constant", "optim.warmup_steps=0", "train.log_every=1", "train.eval_steps=0",
+    "checkpoint.every_steps=2", "checkpoint.async_save=False",
+]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A small data dir in the CONTRACTS.md layout: synthetic sentences, labels and a
+    SentencePiece model trained on them (up to 300 pieces, + 100 sentinels in seqio)."""
+    import sentencepiece as spm
+
+    root = tmp_path_factory.mktemp("data")
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghiklmnoprstuw") for _ in range(rng.randint(2, 7)))
+             for _ in range(300)]
+
+    def sentence():
+        return " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
+
+    (root / "corpus").mkdir()
+    text = [sentence() for _ in range(2000)]
+    (root / "corpus" / "train.txt").write_text("\n".join(text) + "\n")
+    (root / "corpus" / "validation.txt").write_text("\n".join(text[:50]) + "\n")
+    (root / "finetune" / "sentiment").mkdir(parents=True)
+    for split, n in (("train", 256), ("validation", 32), ("test", 32)):
+        rows = [f"{sentence()}\t{rng.choice(['negative', 'positive'])}" for _ in range(n)]
+        (root / "finetune" / "sentiment" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    (root / "vocab").mkdir()
+    spm.SentencePieceTrainer.train(
+        input=str(root / "corpus" / "train.txt"), model_prefix=str(root / "vocab" / "t5lite_sp8k"),
+        vocab_size=300, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False,
+        minloglevel=2)
+    return str(root)
+
+
+def _env(data_dir, devices):
+    env = dict(os.environ, T5LITE_DATA_DIR=data_dir, JAX_PLATFORMS="cpu",
+               TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _train_args(workdir, steps):
+    args = ["train", "--config", "configs/t5_1_1_tiny.py", "--workdir", str(workdir)]
+    for item in OVERRIDES + [f"train.steps={steps}"]:
+        args += ["--set", item]
+    return args
+
+
+def train_one_process(data_dir, workdir, steps):
+    r = subprocess.run([sys.executable, "-m", "t5lite.cli", *_train_args(workdir, steps)],
+                       cwd=ROOT, env=_env(data_dir, 8), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout + r.stderr
+
+
+def train_two_processes(data_dir, workdir, steps):
+    r = subprocess.run([sys.executable, LAUNCHER, "--num-processes", "2",
+                        "--devices-per-process", "4", "--timeout", "500", "--",
+                        "t5lite", *_train_args(workdir, steps)],
+                       cwd=ROOT, env=_env(data_dir, 4), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def train_losses(workdir) -> dict:
+    """step -> loss from metrics.jsonl; fails if a step was logged twice (two writers)."""
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))
+            if line.strip()]
+    steps = [r["step"] for r in rows if r["split"] == "train"]
+    assert len(steps) == len(set(steps)), f"steps logged more than once: {steps}"
+    return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_and_resume(data_dir, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_one_process(data_dir, one, steps=6)
+    expected = train_losses(one)
+    assert sorted(expected) == [1, 2, 3, 4, 5, 6]
+
+    out = train_two_processes(data_dir, two, steps=4)
+    assert "[0]" in out and "[1]" in out
+    first = train_losses(two)
+    assert sorted(first) == [1, 2, 3, 4]
+    assert sorted(os.listdir(two / "checkpoints")) == ["2", "4"]
+    assert sorted(os.listdir(two / "data_state" / "4")) == sorted(
+        f"process_{i}.{ext}" for i in (0, 1) for ext in ("index", "data-00000-of-00001"))
+
+    out = train_two_processes(data_dir, two, steps=6)  # a second invocation continues at 4
+    assert "resumed from" in out and "checkpoints/4" in out
+    resumed = train_losses(two)
+    assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
+    assert resumed[5] != resumed[4]  # it trained on
+    for step, loss in expected.items():
+        assert resumed[step] == pytest.approx(loss, rel=2e-5), (step, resumed, expected)
+    assert expected[6] < expected[1]  # and it learns
