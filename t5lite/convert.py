@@ -661,7 +661,7 @@ def import_hf_command(src: str, dst: str) -> None:
     cfg, params = hf_to_t5lite(src)
     save_params_dir(cfg, params, dst)
     n = sum(math.prod(x.shape) for x in _flatten(params).values())
-    print(f"imported {_architecture(read_hf_config(src))} from {src}: {n / 1e6:.1f}M params, "
+    print(f"imported {_architecture(read_hf_config(src))} from {src}: {n:,} params, "
           f"{cfg.model.architecture} -> {dst} (config.json + params/)")
 
 
