@@ -21,17 +21,29 @@ from t5lite.errors import UserError
 
 @dataclasses.dataclass
 class PeftConfig:
-    """Parameter-efficient finetuning. All off by default."""
+    """Parameter-efficient finetuning (t5lite/models/peft.py). All off by default.
+
+    With any method on and ``train_only_peft``, only the PEFT params and ``train_also`` (new
+    task heads) are trained; the optimizer allocates no state for the rest.
+    """
 
     lora_rank: int = 0  # 0 = no LoRA
-    lora_alpha: float = 16.0
-    lora_targets: tuple = ("query", "value")  # names of DenseGeneral modules that get LoRA
+    lora_alpha: float = 16.0  # LoRA update scaled by lora_alpha / lora_rank
+    # DenseGeneral module names (globs) that get LoRA: query key value out wi wi_0 wi_1 wo
+    lora_targets: tuple = ("query", "value")
     prompt_tokens: int = 0  # prompt tuning: N soft tokens prepended to the (encoder) input
-    prefix_tokens: int = 0  # prefix tuning: N learned key/value vectors per layer
-    adapter_dim: int = 0  # bottleneck adapters after attention and MLP
+    prefix_tokens: int = 0  # prefix tuning: N learned key/value vectors per self-attention
+    adapter_dim: int = 0  # bottleneck adapters after attention and MLP (0 = off)
     ia3: bool = False  # (IA)^3 scaling of keys, values and MLP hidden
-    freeze: tuple = ()  # glob patterns of parameter paths kept frozen, e.g. ("*/encoder/*",)
-    train_only_peft: bool = True  # with any PEFT option on, freeze everything else
+    freeze: tuple = ()  # glob patterns of parameter paths kept frozen, e.g. ("encoder/*",)
+    train_only_peft: bool = True  # with any PEFT option on, freeze everything else ...
+    # ... except these (globs over param paths): freshly initialised task heads
+    train_also: tuple = ("class_dense/*", "token_dense/*", "span_dense/*")
+    # gradual unfreezing: train heads + the top `unfreeze_layers` layers, and open
+    # `unfreeze_layers` more every `unfreeze_every` steps (embeddings last). 0 = off.
+    unfreeze_every: int = 0
+    unfreeze_layers: int = 1
+    save_peft_params: bool = True  # write workdir/peft/<step>/ (PEFT params only) on save
 
 
 @dataclasses.dataclass
@@ -64,6 +76,8 @@ class ModelConfig:
     nsp_head: bool = False  # BERT next-sentence prediction head (implies pooler)
     pooler: bool = False
     num_classes: int = 0  # >0 adds a classification head (see heads in architectures.py)
+    num_token_classes: int = 0  # >0: per-token tagging head (BIO), "token_logits" [B, L, C]
+    span_head: bool = False  # QA span extraction head: "start_logits" / "end_logits" [B, L]
     dropout_rate: float = 0.1
     dtype: str = "float32"  # compute dtype; params are always float32
     scan_layers: bool = True
@@ -120,6 +134,9 @@ class TrainConfig:
     eval_steps: int = 10
     stop_on_nan: bool = True
     peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = look up the device (none on CPU)
+    # local datasets built before training if missing (local_data.ensure_prepared), e.g.
+    # ("corpus", "vocab_sp8k"); () = expect them prepared (`t5lite data prepare`)
+    prepare_data: tuple = ()
 
 
 @dataclasses.dataclass
@@ -145,12 +162,30 @@ class CheckpointConfig:
 
 @dataclasses.dataclass
 class EvalConfig:
-    tasks: tuple = ()  # seqio tasks evaluated with their metrics ("" = data.mixture_or_task)
-    every_steps: int = 0
-    max_examples: int = 0  # 0 = all
-    decode_max_length: int = 64
-    best_metric: str = ""  # e.g. "sentiment/accuracy": keep the best checkpoint by it
+    """seqio evaluation (task metric_fns over decoded predictions / scores) during training."""
+
+    tasks: tuple = ()  # seqio tasks or mixtures to evaluate; () = data.mixture_or_task
+    every_steps: int = 0  # 0 = only at the end of training (when tasks or best_metric is set)
+    split: str = "validation"
+    max_examples: int = 0  # per task; 0 = all
+    batch_size: int = 32  # examples per decoding batch
+    best_metric: str = ""  # e.g. "sentiment/accuracy": keep the best params in workdir/best
     best_mode: str = "max"
+    vocabulary: str = ""  # infer: vocabulary for raw text ("" = data.mixture_or_task's)
+
+
+@dataclasses.dataclass
+class DecodeConfig:
+    """How predictions are generated (decoding.py): greedy, beam search, or sampling."""
+
+    method: str = "greedy"  # greedy | beam | sample
+    beams: int = 4
+    alpha: float = 0.6  # beam length penalty ((5 + len) / 6) ** alpha (GNMT / T5); 0 = none
+    temperature: float = 1.0  # sample: 0 = greedy
+    top_k: int = 0  # sample: keep the k most likely tokens; 0 = all
+    top_p: float = 1.0  # sample: nucleus mass; 1.0 = all
+    max_length: int = 64  # new tokens per example (EOS included)
+    seed: int = 0
 
 
 @dataclasses.dataclass
@@ -163,6 +198,7 @@ class Config:
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -340,6 +376,7 @@ CHOICES = {
     "optim.name": ("adafactor", "adamw", "adamw_rms_scaled"),
     "optim.schedule": ("rsqrt", "constant", "cosine", "linear"),
     "eval.best_mode": ("max", "min"),
+    "decode.method": ("greedy", "beam", "sample"),
 }
 
 

@@ -28,7 +28,7 @@ def cross_entropy_with_logits(logits, targets, label_smoothing=0.0, z_loss=0.0):
         low = label_smoothing / (vocab - 1)
         norm_const = -(confidence * jnp.log(confidence)
                        + (vocab - 1) * low * jnp.log(low + 1e-20))
-        soft = jax.nn.one_hot(targets, vocab, on_value=confidence, off_value=low)
+        soft = low + (confidence - low) * jax.nn.one_hot(targets, vocab)
         ce = -jnp.sum(soft * log_probs, axis=-1) - norm_const
     else:
         ce = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]

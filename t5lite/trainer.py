@@ -188,13 +188,12 @@ def step_flops(cfg, model, mesh, abstract_params, batch_size) -> int:
 def _prepare_tasks(cfg):
     if cfg.data.data_dir:
         os.environ["T5LITE_DATA_DIR"] = os.path.abspath(cfg.data.data_dir)
-    import t5lite.tasks  # noqa: F401  registers tasks and mixtures
-    import seqio
-    try:
-        task = seqio.get_mixture_or_task(cfg.data.mixture_or_task)
-    except ValueError as e:
-        raise UserError(f"unknown task or mixture {cfg.data.mixture_or_task!r} "
-                        "(data.mixture_or_task); see `t5lite tasks list`") from e
+    if cfg.train.prepare_data:
+        from t5lite.tasks import local_data
+        # every process (hosts may have local disks); a file lock serialises shared ones
+        local_data.ensure_prepared(cfg.train.prepare_data, cfg.data.data_dir)
+    from t5lite.tasks import pipeline
+    task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
     for name, feat in task.output_features.items():
         size = feat.vocabulary.vocab_size
         if size > cfg.model.vocab_size:

@@ -1,0 +1,26 @@
+"""Quickstart pretraining: T5 v1.1 tiny, span corruption on the local corpus, 8k vocabulary.
+
+A few minutes on a 2-core laptop CPU with the loss falling from ~9 (uniform over 8192 ids):
+    t5lite train --config configs/quickstart.py --workdir runs/quickstart
+The corpus and the SentencePiece vocabulary are built on first use (train.prepare_data).
+"""
+
+from t5lite.config import load_config
+
+
+def get_config():
+    cfg = load_config("t5_1_1_tiny")
+    cfg.name = "quickstart"
+    cfg.data.mixture_or_task = "corpus_span_corruption"
+    cfg.data.feature_lengths = {"inputs": 128, "targets": 32}
+    cfg.data.batch_size = 32
+    cfg.optim.name, cfg.optim.schedule = "adafactor", "rsqrt"
+    cfg.optim.learning_rate, cfg.optim.warmup_steps = 1e-2, 100
+    cfg.train.steps = 400
+    cfg.train.log_every = 10
+    cfg.train.eval_every = 100
+    cfg.train.eval_steps = 4
+    cfg.train.prepare_data = ("corpus", "vocab_sp8k")
+    cfg.checkpoint.every_steps = 100
+    cfg.checkpoint.keep = 3
+    return cfg
