@@ -26,6 +26,7 @@ Sentinels count down from the end of the vocabulary: span k (k = 0, 1, ...) gets
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Callable, Mapping, Optional
 
 import seqio
@@ -272,6 +273,12 @@ def denoise(dataset, output_features, sequence_length=None, *, noise_density=0.1
             else:
                 tokens_length = inputs_length - 1
         dataset = concat_and_split(dataset, tokens_length)
+        if mask_fn is random_spans_noise_mask and in_fn is noise_span_to_unique_sentinel:
+            spans = _span_counts(tokens_length, noise_density, mean_noise_span_length)[2]
+            if spans > (vocabulary.extra_ids or 0):
+                logging.warning("%d noise spans per example but %d sentinels: the extra "
+                                "sentinels overlap ordinary tokens (as in T5).", spans,
+                                vocabulary.extra_ids or 0)
 
     @map_over_dataset(num_seeds=4)
     def corrupt(features, seeds):
@@ -314,20 +321,16 @@ def deshuffling(dataset, output_features, sequence_length=None, tokens_length=No
 def prefix_lm(dataset, output_features, sequence_length=None):
     """Split a chunk at a uniformly random point: prefix -> inputs, the rest -> targets.
 
-    Chunks are inputs_length + targets_length - 1 tokens (the targets get EOS, the inputs
-    none); the split is drawn so that both halves fit their lengths.
+    Chunks are min(inputs_length, targets_length - 1) tokens, so every split point fits
+    (the targets get EOS, the inputs none); packing fills the rest of a decoder row.
     """
     lengths = sequence_length or {"inputs": 512, "targets": 512}
-    inputs_length, targets_length = lengths["inputs"], lengths["targets"]
-    dataset = concat_and_split(dataset, inputs_length + targets_length - 1)
+    dataset = concat_and_split(dataset, min(lengths["inputs"], lengths["targets"] - 1))
 
     @map_over_dataset(num_seeds=1)
     def split_point(features, seed):
         tokens = features["targets"]
-        n = tf.size(tokens)
-        low = tf.maximum(1, n - (targets_length - 1))
-        high = tf.maximum(tf.minimum(n - 1, inputs_length), low)
-        k = tf.random.stateless_uniform([], seed=seed, minval=low, maxval=high + 1,
+        k = tf.random.stateless_uniform([], seed=seed, minval=1, maxval=tf.size(tokens),
                                         dtype=tf.int32)
         return {"inputs": tokens[:k], "targets": tokens[k:]}
 

@@ -1,0 +1,204 @@
+"""The T5 paper's objectives: statistics, sentinels, exact reconstruction, determinism."""
+
+import functools
+
+import numpy as np
+import pytest
+import seqio
+import tensorflow as tf
+
+from t5lite.tasks import objectives
+
+VOCAB_SIZE = 1000  # sentinels are 999, 998, ...; ordinary tokens below 900
+
+
+class _Vocab(seqio.PassThroughVocabulary):
+    """Integer tokens with T5's layout: pad 0, eos 1, unk 2, 100 sentinels at the top."""
+
+    def __init__(self):
+        super().__init__(size=VOCAB_SIZE - 100, eos_id=1)
+        self._extra_ids = 100
+
+    @property
+    def unk_id(self):
+        return 2
+
+
+VOCAB = _Vocab()
+FEATURES = {"inputs": seqio.Feature(VOCAB), "targets": seqio.Feature(VOCAB)}
+
+
+def _docs(n=400, seed=0, key="targets"):
+    rng = np.random.RandomState(seed)
+    docs = [rng.randint(3, 900, size=rng.randint(20, 400)).astype(np.int32) for _ in range(n)]
+    return tf.data.Dataset.from_generator(
+        lambda: ({key: d} for d in docs), output_signature={key: tf.TensorSpec([None], tf.int32)})
+
+
+def _run(fn, seed=0, n=400, key="targets", **kwargs):
+    with seqio.map_seed_manager(seed):
+        ds = fn(_docs(n, key=key), FEATURES, **kwargs)
+    return list(ds.as_numpy_iterator())
+
+
+def _merge(inputs, targets):
+    """Undo span corruption: put each sentinel's target span back into the inputs."""
+    spans, cur = {}, None
+    for t in targets:
+        if t >= VOCAB_SIZE - 100:
+            cur = spans.setdefault(int(t), [])
+        else:
+            cur.append(int(t))
+    out = []
+    for t in inputs:
+        out.extend(spans[int(t)] if t >= VOCAB_SIZE - 100 else [int(t)])
+    return out
+
+
+def test_random_spans_helper_paper_numbers():
+    assert objectives.random_spans_helper(512, 0.15, 3.0) == (568, 114)
+    tokens, targets = objectives.random_spans_helper(128, 0.15, 3.0)
+    assert (tokens, targets) == (141, 29)  # 120 kept + 7 sentinels + EOS = 128
+    # The helper's lengths are what the objective really produces (+1 EOS each).
+    for density, span in ((0.15, 3.0), (0.5, 10.0), (0.25, 2.0)):
+        tokens, targets = objectives.random_spans_helper(512, density, span)
+        exs = _run(functools.partial(objectives.span_corruption, noise_density=density,
+                                     mean_noise_span_length=span),
+                   sequence_length={"inputs": 512, "targets": targets}, n=60)
+        full = [e for e in exs if len(_merge(e["inputs"], e["targets"])) == tokens]
+        assert full
+        assert max(len(e["inputs"]) for e in full) + 1 == 512
+        assert max(len(e["targets"]) for e in full) + 1 == targets
+
+
+@pytest.mark.parametrize("density,span", [(0.15, 3.0), (0.5, 10.0), (0.25, 2.0)])  # <= 100 spans
+def test_span_corruption_statistics_and_reconstruction(density, span):
+    exs = _run(functools.partial(objectives.span_corruption, noise_density=density,
+                                 mean_noise_span_length=span),
+               sequence_length={"inputs": 512, "targets": 512}, n=500)
+    originals = [e["targets"] for e in _run(
+        lambda ds, of: objectives.concat_and_split(
+            ds, objectives.random_spans_helper(512, density, span)[0]), n=500)]
+    assert len(exs) == len(originals) > 100
+    noise = total = spans = 0
+    for ex, orig in zip(exs, originals):
+        # Exact reconstruction of the original chunk.
+        np.testing.assert_array_equal(_merge(ex["inputs"], ex["targets"]), orig)
+        sentinels_in = [t for t in ex["inputs"] if t >= VOCAB_SIZE - 100]
+        sentinels_tgt = [t for t in ex["targets"] if t >= VOCAB_SIZE - 100]
+        # Sentinels count down from the end of the vocabulary, in the same order.
+        assert sentinels_in == list(range(VOCAB_SIZE - 1, VOCAB_SIZE - 1 - len(sentinels_in), -1))
+        assert sentinels_tgt == sentinels_in
+        assert ex["inputs"][0] < VOCAB_SIZE - 100  # spans start with non-noise
+        noise += len(ex["targets"]) - len(sentinels_tgt)
+        total += len(orig)
+        spans += len(sentinels_tgt)
+    assert abs(noise / total - density) <= 0.01 * density
+    assert abs(noise / spans - span) <= 0.05 * span
+
+
+def test_random_spans_noise_mask_exact_counts():
+    for length in (2, 7, 100, 568):
+        mask = objectives.random_spans_noise_mask(
+            length, 0.15, [tf.constant([1, 2]), tf.constant([3, 4])], 3.0).numpy()
+        num_noise = min(max(int(round(length * 0.15)), 1), length - 1)
+        assert mask.sum() == num_noise and not mask[0]
+
+
+def test_iid_noise_fraction():
+    exs = _run(objectives.iid_denoising, sequence_length={"inputs": 256, "targets": 256})
+    noise = sum(int((e["targets"] < VOCAB_SIZE - 100).sum()) for e in exs)
+    total = noise + sum(int((e["inputs"] < VOCAB_SIZE - 100).sum()) for e in exs)
+    assert abs(noise / total - 0.15) < 0.01
+
+
+def test_bert_style_80_10_10():
+    exs = _run(objectives.bert_style_denoising, sequence_length={"inputs": 512, "targets": 512},
+               n=600)
+    changed = masked = kept_or_random = selected_est = 0
+    for e in exs:
+        assert len(e["inputs"]) == len(e["targets"])  # target = the original text
+        masked += int((e["inputs"] == VOCAB_SIZE - 1).sum())
+        changed += int(((e["inputs"] != e["targets"]) & (e["inputs"] != VOCAB_SIZE - 1)).sum())
+        selected_est += len(e["inputs"])
+    # masked = 0.8 * 0.15, random = 0.1 * 0.15 (1/897 of random picks equal the original).
+    assert abs(masked / selected_est - 0.12) < 0.005
+    assert abs(changed / (masked + changed) - 0.1 / 0.9) < 0.02
+
+
+def test_bert_mlm_80_10_10_and_loss_weights():
+    of = {"inputs": seqio.Feature(VOCAB)}
+    with seqio.map_seed_manager(1):
+        ds = objectives.bert_mlm(objectives.bert_single(_docs(600, key="inputs"), of,
+                                                        {"inputs": 512}), of)
+    sel = mask = rand = keep = maskable = 0
+    special = objectives.bert_special_ids(VOCAB)
+    for e in ds.as_numpy_iterator():
+        w = e["loss_weights"].astype(bool)
+        assert e["inputs"][0] == special["cls"] and e["inputs"][-1] == special["sep"]
+        assert not w[0] and not w[-1]  # never [CLS] / [SEP]
+        np.testing.assert_array_equal(e["inputs"][~w], e["targets"][~w])
+        maskable += len(w) - 2
+        sel += w.sum()
+        mask += (e["inputs"][w] == special["mask"]).sum()
+        keep += (e["inputs"][w] == e["targets"][w]).sum()
+        rand += ((e["inputs"][w] != special["mask"]) & (e["inputs"][w] != e["targets"][w])).sum()
+    assert abs(sel / maskable - 0.15) < 0.005
+    assert abs(mask / sel - 0.8) < 0.02
+    assert abs(rand / sel - 0.1) < 0.02
+    assert abs(keep / sel - 0.1) < 0.02
+
+
+def test_bert_pairs_nsp():
+    of = {"inputs": seqio.Feature(VOCAB)}
+    with seqio.map_seed_manager(0):
+        exs = list(objectives.bert_pairs(_docs(300, key="inputs"), of, {"inputs": 128})
+                   .as_numpy_iterator())
+    special = objectives.bert_special_ids(VOCAB)
+    labels = np.array([e["nsp_labels"] for e in exs])
+    assert abs(labels.mean() - 0.5) < 0.07
+    for e in exs:
+        x, tt = e["inputs"], e["token_type_ids"]
+        assert len(x) == len(tt) <= 128 and x[0] == special["cls"] and x[-1] == special["sep"]
+        sep_a = list(x).index(special["sep"])
+        assert (tt[:sep_a + 1] == 0).all() and (tt[sep_a + 1:] == 1).all()
+
+
+@pytest.mark.parametrize("name", ["span_corruption", "iid_denoising", "drop_tokens",
+                                  "bert_style_denoising", "mass_style_denoising", "deshuffling",
+                                  "prefix_lm", "full_lm"])
+def test_every_objective_runs_and_same_seed_same_data(name):
+    fn = getattr(objectives, name)
+    lengths = {"inputs": 64, "targets": 64}
+    a, b = _run(fn, seed=3, n=30, sequence_length=lengths), _run(
+        fn, seed=3, n=30, sequence_length=lengths)
+    c = _run(fn, seed=4, n=30, sequence_length=lengths)
+    assert a and all(len(e["targets"]) > 0 for e in a)
+    flat = lambda exs: np.concatenate([np.concatenate(
+        [[len(e.get("inputs", []))], e.get("inputs", []), e["targets"]]) for e in exs])
+    np.testing.assert_array_equal(flat(a), flat(b))
+    if name != "full_lm":  # the only deterministic one
+        assert not np.array_equal(flat(a), flat(c))
+
+
+def test_objective_specifics():
+    lengths = {"inputs": 64, "targets": 64}
+    for e in _run(objectives.drop_tokens, sequence_length=lengths, n=40):
+        assert (e["inputs"] < VOCAB_SIZE - 100).all() and (e["targets"] < VOCAB_SIZE - 100).all()
+    for e in _run(objectives.mass_style_denoising, sequence_length=lengths, n=40):
+        keep = e["inputs"] != VOCAB_SIZE - 1
+        np.testing.assert_array_equal(e["inputs"][keep], e["targets"][keep])
+    for e in _run(objectives.deshuffling, sequence_length=lengths, n=40):
+        np.testing.assert_array_equal(np.sort(e["inputs"]), np.sort(e["targets"]))
+    originals = _run(lambda ds, of: objectives.concat_and_split(ds, 63), n=40)
+    for e, o in zip(_run(objectives.prefix_lm, sequence_length=lengths, n=40), originals):
+        assert 1 <= len(e["inputs"]) <= 62 and 1 <= len(e["targets"]) <= 62
+        np.testing.assert_array_equal(np.concatenate([e["inputs"], e["targets"]]), o["targets"])
+    split_points = {len(e["inputs"]) for e in _run(objectives.prefix_lm, sequence_length=lengths)}
+    assert len(split_points) > 10  # a random split point
+
+
+def test_limit_tokens():
+    ds = objectives.limit_tokens(_docs(100), 5000)
+    sizes = [len(e["targets"]) for e in ds.as_numpy_iterator()]
+    assert sum(sizes) <= 5000 < sum(sizes) + 400
