@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.errors import UserError
+from t5lite.models import peft
 from t5lite.models.architectures import ARCHITECTURES
 
 # Published parameter counts: HF T5ForConditionalGeneration (t5-small, t5-base,
@@ -43,6 +44,10 @@ def check(cfg) -> None:
     if cfg.num_classes > 0 and cfg.architecture == "encoder_decoder":
         raise UserError("model.num_classes>0 is for encoder_only / decoder_only models; T5 "
                         "classifies by generating the label text (set num_classes=0).")
+    if (cfg.num_token_classes > 0 or cfg.span_head) and cfg.architecture != "encoder_only":
+        raise UserError("model.num_token_classes / model.span_head are BERT heads: use "
+                        "architecture=encoder_only (T5 tags or extracts spans as text).")
+    peft.check(cfg)
     if cfg.position == "rope" and cfg.head_dim % 2:
         raise UserError(f"position=rope needs an even head_dim, got {cfg.head_dim}.")
     if cfg.position == "sinusoidal" and cfg.d_model % 2:
@@ -95,6 +100,12 @@ def dummy_batch(cfg, batch_size: int, feature_lengths: dict) -> dict:
             batch["decoder_causal_attention"] = zeros(n)
     if cfg.num_classes > 0:
         batch["class_labels"] = np.zeros((batch_size,), np.int32)
+    if cfg.num_token_classes > 0:
+        batch.update(token_labels=zeros(feature_lengths["inputs"]),
+                     token_label_weights=ones(feature_lengths["inputs"]))
+    if cfg.span_head:
+        batch.update(start_positions=np.zeros((batch_size,), np.int32),
+                     end_positions=np.zeros((batch_size,), np.int32))
     return batch
 
 
@@ -122,7 +133,7 @@ def init_cache(model, params, batch_size: int, max_length: int, encoder_input_to
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
 
 
-HEAD_PREFIXES = ("mlm_", "nsp_", "class_")
+HEAD_PREFIXES = ("mlm_", "nsp_", "class_", "token_dense", "span_dense")
 
 
 def abstract_params(cfg, feature_length: int = 8):

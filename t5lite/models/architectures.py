@@ -53,8 +53,10 @@ EncoderOnly (BERT: post-norm, embed_norm, token types, use_bias=True)::
     pooler/{kernel [D, D], bias}                     (pooler or nsp_head; tanh on [CLS])
     nsp_dense/{kernel [D, 2], bias}                  (nsp_head)
     class_dense/{kernel [D, C], bias}                (num_classes > 0; on the pooled [CLS])
+    token_dense/{kernel [D, C], bias}                (num_token_classes > 0; every token)
+    span_dense/{kernel [D, 2], bias}                 (span_head: start / end logits)
 
-Heads (mlm_*, nsp_dense, class_dense) are what ``count_params(cfg, heads=False)`` leaves out.
+Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense) are what ``count_params(cfg, heads=False)`` leaves out.
 """
 
 from __future__ import annotations
@@ -175,6 +177,11 @@ class EncoderOnly(nn.Module):
             self.nsp_dense = _dense(cfg, 2, ("embed", "classes"))
         if cfg.num_classes > 0:
             self.class_dense = _dense(cfg, cfg.num_classes, ("embed", "classes"))
+        if cfg.num_token_classes > 0:
+            self.token_dense = _dense(cfg, cfg.num_token_classes, ("embed", "classes"))
+        if cfg.span_head:
+            self.span_dense = _dense(cfg, 2, ("embed", "classes"))
+        self.head_dropout = nn.Dropout(cfg.dropout_rate)
 
     def __call__(self, batch, deterministic=True):
         cfg = self.cfg
@@ -194,7 +201,16 @@ class EncoderOnly(nn.Module):
         if cfg.nsp_head:
             out["nsp_logits"] = self.nsp_dense(cls_BD).astype(jnp.float32)
         if cfg.num_classes > 0:
+            cls_BD = self.head_dropout(cls_BD, deterministic=deterministic)
             out["class_logits"] = self.class_dense(cls_BD).astype(jnp.float32)
+        if cfg.num_token_classes > 0 or cfg.span_head:
+            h_BLD = self.head_dropout(x_BLD, deterministic=deterministic)
+        if cfg.num_token_classes > 0:  # tagging (labels on first sub-tokens: see losses.py)
+            out["token_logits"] = self.token_dense(h_BLD).astype(jnp.float32)
+        if cfg.span_head:  # QA: start / end of the answer span; padding can never be chosen
+            valid_BL = (batch["encoder_input_tokens"] != 0)[..., None]
+            span_BL2 = jnp.where(valid_BL, self.span_dense(h_BLD).astype(jnp.float32), L.NEG_INF)
+            out["start_logits"], out["end_logits"] = span_BL2[..., 0], span_BL2[..., 1]
         return out
 
 

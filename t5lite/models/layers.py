@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5lite.models import peft
+
 NEG_INF = -1e10  # additive mask value (finite: fully masked rows stay NaN-free)
 
 Axes = tuple[str, ...]
@@ -45,7 +47,8 @@ class DenseGeneral(nn.Module):
     """y = x . W (+ b) contracting the trailing ``len(in_axes)`` dims of x into ``features``.
 
     The kernel is initialised as a 2-D (fan_in, fan_out) matrix then reshaped, so fan-in is
-    the product of the contracted dims (as in T5X).
+    the product of the contracted dims (as in T5X). ``lora_rank`` > 0 adds a LoRA update
+    (peft.lora_delta; params ``lora_a`` / ``lora_b`` beside ``kernel``).
     """
 
     features: Sequence[int]
@@ -54,6 +57,8 @@ class DenseGeneral(nn.Module):
     use_bias: bool = False
     dtype: jnp.dtype = jnp.float32
     init: Callable = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
 
     @nn.compact
     def __call__(self, x):
@@ -75,6 +80,9 @@ class DenseGeneral(nn.Module):
             bias = self.param("bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, self.kernel_axes[self.n_in:]), features, jnp.float32)
             y = y + bias.astype(self.dtype)
+        if self.lora_rank:
+            y = y + peft.lora_delta(self, x, self.n_in, features, self.kernel_axes,
+                                    self.lora_rank, self.lora_alpha, self.dtype)
         return y
 
 
@@ -205,6 +213,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     cfg: object
+    cross: bool = False  # cross-attention: no prefix-tuning prefix
 
     @nn.compact
     def __call__(self, x_BTD, kv_BSD, bias_BHTS, rope_pos_BT=None, deterministic=True,
@@ -215,14 +224,20 @@ class MultiHeadAttention(nn.Module):
         t5_query_scale = 1.0 if (cfg.scale_attn_logits or cfg.init_std > 0) else k ** -0.5
         proj = functools.partial(DenseGeneral, features=(h, k), kernel_axes=("embed", "heads", "kv"),
                                  use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg))
-        q_BTHK = proj(name="query", init=kernel_init(cfg, t5_query_scale))(x_BTD)
-        k_BSHK = proj(name="key")(kv_BSD)
-        v_BSHK = proj(name="value")(kv_BSD)
+        q_BTHK = proj(name="query", init=kernel_init(cfg, t5_query_scale),
+                      **peft.lora_kwargs(cfg, "query"))(x_BTD)
+        k_BSHK = proj(name="key", **peft.lora_kwargs(cfg, "key"))(kv_BSD)
+        v_BSHK = proj(name="value", **peft.lora_kwargs(cfg, "value"))(kv_BSD)
+        if cfg.peft.ia3:
+            k_BSHK = peft.ia3_scale(self, "ia3_key", k_BSHK, ("heads", "kv"))
+            v_BSHK = peft.ia3_scale(self, "ia3_value", v_BSHK, ("heads", "kv"))
         if rope_pos_BT is not None:  # self-attention with RoPE: keys share the query positions
             q_BTHK = apply_rope(q_BTHK, rope_pos_BT, cfg.rope_max_wavelength)
             k_BSHK = apply_rope(k_BSHK, rope_pos_BT, cfg.rope_max_wavelength)
         if decode:
             k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK, cache_index)
+        if cfg.peft.prefix_tokens and not self.cross:
+            k_BSHK, v_BSHK, bias_BHTS = peft.add_prefix(self, cfg, k_BSHK, v_BSHK, bias_BHTS)
         axes = ("batch", "length", "heads", "kv")
         q_BTHK, k_BSHK, v_BSHK = (constrain(a, axes) for a in (q_BTHK, k_BSHK, v_BSHK))
         if cfg.scale_attn_logits:
@@ -233,7 +248,8 @@ class MultiHeadAttention(nn.Module):
         out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
         out_BTD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("heads", "kv", "embed"),
                                n_in=2, use_bias=cfg.use_bias, dtype=dtype,
-                               init=kernel_init(cfg), name="out")(out_BTHK)
+                               init=kernel_init(cfg), name="out",
+                               **peft.lora_kwargs(cfg, "out"))(out_BTHK)
         return constrain(out_BTD, ("batch", "length", "embed"))
 
     def _update_cache(self, k_BTHK, v_BTHK, index):
@@ -278,15 +294,19 @@ class MLP(nn.Module):
         act = ACTIVATIONS[cfg.ffn]
         dense = functools.partial(DenseGeneral, features=(cfg.d_ff,), kernel_axes=("embed", "mlp"),
                                   use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg))
+        lora = peft.lora_kwargs
         if cfg.ffn in GATED:
-            h_BLF = act(dense(name="wi_0")(x_BLD)) * dense(name="wi_1")(x_BLD)
+            h_BLF = (act(dense(name="wi_0", **lora(cfg, "wi_0"))(x_BLD))
+                     * dense(name="wi_1", **lora(cfg, "wi_1"))(x_BLD))
         else:
-            h_BLF = act(dense(name="wi")(x_BLD))
+            h_BLF = act(dense(name="wi", **lora(cfg, "wi"))(x_BLD))
+        if cfg.peft.ia3:
+            h_BLF = peft.ia3_scale(self, "ia3_mlp", h_BLF, ("mlp",))
         h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
         h_BLF = nn.Dropout(cfg.dropout_rate)(h_BLF, deterministic=deterministic)
         out_BLD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("mlp", "embed"),
                                use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg),
-                               name="wo")(h_BLF)
+                               name="wo", **lora(cfg, "wo"))(h_BLF)
         return constrain(out_BLD, ("batch", "length", "embed"))
 
 

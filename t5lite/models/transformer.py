@@ -15,7 +15,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5lite.errors import UserError
 from t5lite.models import layers as L
+from t5lite.models import peft
 
 REMAT_POLICIES = {
     # minimal: keep matmul outputs (projections, MLP) and recompute the cheap elementwise rest.
@@ -48,6 +50,9 @@ class Block(nn.Module):
             where = "pre" if cfg.pre_norm else "post"
             norm = L.make_norm(cfg, f"{where}_{stem}_layer_norm")
             y = fn(norm(x) if cfg.pre_norm else x)
+            adapter = peft.adapter(cfg, stem)  # PEFT bottleneck adapter (None when off)
+            if adapter is not None:
+                y = adapter(y)
             y = x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
             return y if cfg.pre_norm else norm(y)
 
@@ -56,8 +61,8 @@ class Block(nn.Module):
             y, y, ctx["bias"], ctx.get("rope_pos"), deterministic, decode, ctx.get("cache_index")))
         if self.cross and "encoded" in ctx:
             x_BLD = sublayer(x_BLD, "cross_attention", lambda y: L.MultiHeadAttention(
-                cfg, name="encoder_decoder_attention")(y, ctx["encoded"], ctx["cross_bias"],
-                                                       deterministic=deterministic))
+                cfg, cross=True, name="encoder_decoder_attention")(
+                    y, ctx["encoded"], ctx["cross_bias"], deterministic=deterministic))
         x_BLD = sublayer(x_BLD, "mlp", lambda y: L.MLP(cfg, name="mlp")(y, deterministic))
         x_BLD = L.constrain(x_BLD, ("batch", "length", "embed"))
         return (x_BLD, None) if self.scanned else x_BLD
@@ -110,6 +115,8 @@ class Stack(nn.Module):
                 cfg.relative_buckets, cfg.relative_max_distance, cfg.num_heads, bidirectional)
         if self.kind == "decoder":
             self.decode_state = DecodeState()
+        if self.num_prompt:
+            self.prompt = peft.prompt_param(self, cfg)
         self.layers = self._make_layers()
         if cfg.pre_norm:
             setattr(self, f"{self.kind}_norm", L.Norm(cfg.norm, cfg.norm_eps, dtype))
@@ -117,6 +124,11 @@ class Stack(nn.Module):
             self.logits_dense = L.DenseGeneral((cfg.vocab_size,), ("embed", "vocab"),
                                                dtype=dtype, init=L.kernel_init(cfg))
         self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    @property
+    def num_prompt(self) -> int:
+        """Soft-prompt length (prompt tuning) if this stack gets the prompt, else 0."""
+        return self.cfg.peft.prompt_tokens if peft.prompted_stack(self.cfg) == self.kind else 0
 
     def _make_layers(self):
         cfg = self.cfg
@@ -141,7 +153,7 @@ class Stack(nn.Module):
                                   encoded_BSD, encoder_tokens_BS, encoder_segments_BS,
                                   deterministic, decode)
         x_BLD = self.run_layers(x_BLD, ctx, deterministic, decode, layers)
-        return self.finish(x_BLD, deterministic)
+        return self.finish(x_BLD, deterministic)[:, self.num_prompt:]  # drop the soft prompt
 
     def prepare(self, tokens_BL, positions_BL=None, segments_BL=None, token_types_BL=None,
                 prefix_BL=None, encoded_BSD=None, encoder_tokens_BS=None,
@@ -162,6 +174,15 @@ class Stack(nn.Module):
             k_pos_BS = positions_BL
             mask_BLS = L.self_attention_mask(q_valid_BL, segments_BL, self.kind == "decoder",
                                              prefix_BL if cfg.architecture == "prefix_lm" else None)
+        x_BLD = self.embed(tokens_BL, positions_BL, token_types_BL, deterministic)
+        if self.num_prompt:  # prompt tuning: soft tokens in front, masks / positions extended
+            if decode:
+                raise UserError("prompt tuning (model.peft.prompt_tokens) cannot decode a "
+                                "decoder-only model with a KV cache; use prefix tuning "
+                                "(model.peft.prefix_tokens) or an encoder-decoder model.")
+            x_BLD, mask_BLS, positions_BL = peft.prepend_prompt(
+                self.prompt, x_BLD, mask_BLS, q_valid_BL, positions_BL)
+            k_pos_BS = positions_BL
         bias = L.attention_bias(mask_BLS)
         if cfg.position == "relative":
             bias = bias + self.relpos_bias(positions_BL, k_pos_BS)
@@ -177,7 +198,7 @@ class Stack(nn.Module):
             ctx["encoded"] = encoded_BSD
             ctx["cross_bias"] = L.attention_bias(L.cross_attention_mask(
                 q_valid_BL, k_valid_BS, segments_BL, encoder_segments_BS))
-        return self.embed(tokens_BL, positions_BL, token_types_BL, deterministic), ctx
+        return x_BLD, ctx
 
     def _decode_mask(self, index, q_seg_BT, k_seg_BS, prefix_BT):
         """Query slot index+t sees filled cache slots <= its own; prefix tokens of this chunk

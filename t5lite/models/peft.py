@@ -1,0 +1,490 @@
+"""Parameter-efficient finetuning: LoRA, prompt tuning, prefix tuning, adapters, (IA)^3,
+layer freezing and gradual unfreezing (cfg.model.peft, a PeftConfig).
+
+Model side: small hooks called by layers.py / transformer.py add the PEFT params inside the
+modules they adapt, so they are scanned with the layers (a leading [num_layers] axis) when
+scan_layers=True, and the base params keep their T5X names:
+
+    .../{query,key,value,out,wi,wo,...}/lora_a   [in..., r]    (LoRA A, fan-in init)
+    .../{query,key,value,out,wi,wo,...}/lora_b   [r, out...]   (LoRA B, zeros: step 0 = base)
+    .../{attention,self_attention,encoder_decoder_attention}/ia3_key, ia3_value  [H, K] (ones)
+    .../mlp/ia3_mlp                              [F] (ones)
+    .../layers/{attention,self_attention,cross_attention,mlp}_adapter/{down,up}/...  (up = 0)
+    .../{attention,self_attention}/prefix_key, prefix_value  [N, H, K]
+    encoder/prompt (decoder/prompt for decoder-only models)  [N, D]
+
+Training side: ``trainable_mask`` (which leaves train), ``make_optimizer`` (frozen leaves go
+through optax.set_to_zero: bit-identical, no optimizer state; gradual unfreezing masks the
+rest by layer depth inside the jitted update, so nothing recompiles), ``count_trainable`` /
+``describe``, ``save_peft`` / ``load_peft`` (PEFT-only params beside the checkpoint) and
+``merge_lora`` (fold LoRA into the base kernels for export).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import math
+import os
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from t5lite.errors import UserError
+
+LORA_NAMES = ("lora_a", "lora_b")
+IA3_NAMES = ("ia3_key", "ia3_value", "ia3_mlp")
+PREFIX_NAMES = ("prefix_key", "prefix_value")
+ADAPTER_SUFFIX = "_adapter"
+PROMPT_NAME = "prompt"
+PEFT_MARKER = "peft_only.json"
+
+
+def _peft(cfg):
+    """PeftConfig from a PeftConfig, ModelConfig or Config."""
+    cfg = getattr(cfg, "model", cfg)
+    return getattr(cfg, "peft", cfg)
+
+
+def enabled(cfg) -> bool:
+    """Any PEFT method on (freezing alone does not count)."""
+    p = _peft(cfg)
+    return bool(p.lora_rank or p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3)
+
+
+def check(cfg) -> None:
+    """PEFT config errors, with what to do (cfg: ModelConfig)."""
+    p = cfg.peft
+    for name in ("lora_rank", "prompt_tokens", "prefix_tokens", "adapter_dim"):
+        if getattr(p, name) < 0:
+            raise UserError(f"model.peft.{name} must be >= 0, got {getattr(p, name)}")
+    if p.lora_rank and not p.lora_targets:
+        raise UserError("model.peft.lora_rank>0 needs model.peft.lora_targets, e.g. "
+                        "query,value (names of dense layers: query key value out wi wo ...)")
+    if p.unfreeze_every < 0 or p.unfreeze_layers < 1:
+        raise UserError("model.peft.unfreeze_every must be >= 0 and unfreeze_layers >= 1")
+
+
+# ============================================================================ model hooks
+
+
+def lora_kwargs(cfg, name: str) -> dict:
+    """DenseGeneral kwargs that give the dense layer ``name`` LoRA when it is a target."""
+    p = cfg.peft
+    if p.lora_rank and any(fnmatch.fnmatchcase(name, t) for t in p.lora_targets):
+        return {"lora_rank": p.lora_rank, "lora_alpha": p.lora_alpha}
+    return {}
+
+
+def lora_delta(module: nn.Module, x, n_in: int, features: tuple, kernel_axes, rank: int,
+               alpha: float, dtype):
+    """(alpha / r) * (x A) B for a DenseGeneral contracting x's last ``n_in`` dims.
+
+    A [in..., r] has the kernel's input axes (fan-in init); B [r, out...] starts at zero so
+    the adapted layer equals the base layer at step 0 (Hu et al., 2021).
+    """
+    in_shape = x.shape[-n_in:]
+
+    def a_init(key, shape, dtype=jnp.float32):
+        flat = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
+            key, (int(np.prod(in_shape)), rank), dtype)
+        return flat.reshape(shape)
+
+    a = module.param("lora_a", nn.with_logical_partitioning(
+        a_init, tuple(kernel_axes[:n_in]) + (None,)), in_shape + (rank,), jnp.float32)
+    b = module.param("lora_b", nn.with_logical_partitioning(
+        nn.initializers.zeros, (None,) + tuple(kernel_axes[n_in:])), (rank,) + features,
+        jnp.float32)
+    contract = tuple(range(x.ndim - n_in, x.ndim))
+    h = jax.lax.dot_general(x.astype(dtype), a.astype(dtype),
+                            ((contract, tuple(range(n_in))), ((), ())))
+    y = jnp.tensordot(h, b.astype(dtype), axes=1)
+    return y * jnp.asarray(alpha / rank, dtype)
+
+
+def ia3_scale(module: nn.Module, name: str, x, axes):
+    """(IA)^3: x times a learned vector over its trailing len(axes) dims, initialised to ones
+    (Liu et al., 2022), so the model starts as the base model."""
+    shape = x.shape[-len(axes):]
+    scale = module.param(name, nn.with_logical_partitioning(nn.initializers.ones, axes),
+                         shape, jnp.float32)
+    return x * scale.astype(x.dtype)
+
+
+class Adapter(nn.Module):
+    """Bottleneck adapter y + up(gelu(down(y))) (Houlsby et al., 2019); ``up`` starts at zero,
+    so the adapter is the identity at init."""
+
+    cfg: Any
+
+    @nn.compact
+    def __call__(self, y_BLD):
+        from t5lite.models import layers as L
+        cfg = self.cfg
+        dtype = L.compute_dtype(cfg)
+        h = L.DenseGeneral((cfg.peft.adapter_dim,), ("embed", None), use_bias=True, dtype=dtype,
+                           init=nn.initializers.variance_scaling(1.0, "fan_in",
+                                                                 "truncated_normal"),
+                           name="down")(y_BLD)
+        h = nn.gelu(h, approximate=True)
+        up = L.DenseGeneral((cfg.d_model,), (None, "embed"), use_bias=True, dtype=dtype,
+                            init=nn.initializers.zeros, name="up")(h)
+        return y_BLD + up
+
+
+def adapter(cfg, stem: str):
+    """The adapter after sub-layer ``stem`` (attention, self_attention, cross_attention, mlp),
+    or None when adapters are off."""
+    return Adapter(cfg, name=stem + ADAPTER_SUFFIX) if cfg.peft.adapter_dim else None
+
+
+def add_prefix(module: nn.Module, cfg, k_BSHK, v_BSHK, bias_BHTS):
+    """Prefix tuning (Li & Liang, 2021): N learned keys / values prepended to this layer's
+    self-attention keys / values; every query sees them (bias 0, no position)."""
+    n, b = cfg.peft.prefix_tokens, k_BSHK.shape[0]
+    shape = (n, cfg.num_heads, cfg.head_dim)
+    axes = (None, "heads", "kv")
+    init = nn.initializers.normal(0.02 if cfg.init_std <= 0 else cfg.init_std)
+    pk = module.param("prefix_key", nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+    pv = module.param("prefix_value", nn.with_logical_partitioning(init, axes), shape,
+                      jnp.float32)
+    pk = jnp.broadcast_to(pk.astype(k_BSHK.dtype), (b,) + shape)
+    pv = jnp.broadcast_to(pv.astype(v_BSHK.dtype), (b,) + shape)
+    pad = [(0, 0)] * (bias_BHTS.ndim - 1) + [(n, 0)]
+    return (jnp.concatenate([pk, k_BSHK], axis=1), jnp.concatenate([pv, v_BSHK], axis=1),
+            jnp.pad(bias_BHTS, pad))
+
+
+def prompted_stack(cfg) -> str:
+    """Which stack receives the soft prompt: the encoder, or the decoder of decoder-only models
+    ("" when prompt tuning is off)."""
+    if not cfg.peft.prompt_tokens:
+        return ""
+    return "encoder" if cfg.architecture in ("encoder_decoder", "encoder_only") else "decoder"
+
+
+def prompt_param(module: nn.Module, cfg):
+    """The soft prompt [N, D] (Lester et al., 2021), initialised like the token embeddings."""
+    from t5lite.models import layers as L
+    return module.param(PROMPT_NAME, nn.with_logical_partitioning(
+        L.embed_init(cfg), (None, "embed")), (cfg.peft.prompt_tokens, cfg.d_model), jnp.float32)
+
+
+def prepend_prompt(prompt_ND, x_BLD, mask_BLS, q_valid_BL, positions_BL):
+    """Prepend the prompt to the embedded tokens and extend mask and positions.
+
+    Real tokens see the prompt and their own segment as before; prompt tokens see only the
+    prompt (so packed examples cannot leak into each other through it). Prompt tokens carry
+    position 0 and no position embedding; real tokens keep their positions.
+    """
+    b, n = x_BLD.shape[0], prompt_ND.shape[0]
+    p_BND = jnp.broadcast_to(prompt_ND.astype(x_BLD.dtype), (b,) + prompt_ND.shape)
+    x_BLD = jnp.concatenate([p_BND, x_BLD], axis=1)
+    l = mask_BLS.shape[1]
+    top = jnp.concatenate([jnp.ones((b, n, n), bool), jnp.zeros((b, n, l), bool)], axis=2)
+    bottom = jnp.concatenate([jnp.broadcast_to(q_valid_BL[:, :, None], (b, l, n)), mask_BLS],
+                             axis=2)
+    mask_BLS = jnp.concatenate([top, bottom], axis=1)
+    positions_BL = jnp.concatenate([jnp.zeros((b, n), positions_BL.dtype), positions_BL], axis=1)
+    return x_BLD, mask_BLS, positions_BL
+
+
+# ============================================================================ which params train
+
+
+def path_str(path) -> str:
+    """A jax key path -> "encoder/layers/attention/query/kernel"."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def is_peft_param(path: str) -> bool:
+    parts = path.split("/")
+    return (parts[-1] in LORA_NAMES + IA3_NAMES + PREFIX_NAMES or parts[-1] == PROMPT_NAME
+            or any(p.endswith(ADAPTER_SUFFIX) for p in parts))
+
+
+def _leaves(params):
+    return jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))
+
+
+def trainable_mask(cfg, params):
+    """Pytree of bools like ``params``: True = trained.
+
+    Order of rules: with PEFT on and ``train_only_peft``, only PEFT params and ``train_also``
+    train; then ``freeze`` globs freeze whatever they match. Freezing alone (no PEFT) trains
+    everything that no ``freeze`` glob matches.
+    """
+    p = _peft(cfg)
+    leaves, treedef = _leaves(params)
+    only_peft = enabled(p) and p.train_only_peft
+    mask = []
+    for path, _ in leaves:
+        s = path_str(path)
+        train = not only_peft or is_peft_param(s) or any(
+            fnmatch.fnmatchcase(s, g) for g in p.train_also)
+        if any(fnmatch.fnmatchcase(s, g) for g in p.freeze):
+            train = False
+        mask.append(train)
+    if leaves and not any(mask):
+        raise UserError("model.peft leaves no parameter trainable (freeze patterns match "
+                        "everything?); loosen model.peft.freeze")
+    return jax.tree_util.tree_unflatten(treedef, mask)
+
+
+def needs_mask(cfg) -> bool:
+    p = _peft(cfg)
+    return enabled(p) or bool(p.freeze)
+
+
+def count_trainable(params, mask=None) -> tuple[int, int]:
+    """(trainable, total) number of parameters (``mask`` None = everything trains)."""
+    leaves = [x for _, x in _leaves(params)[0]]
+    flags = [True] * len(leaves) if mask is None else jax.tree.leaves(mask)
+    total = sum(math.prod(x.shape) for x in leaves)
+    train = sum(math.prod(x.shape) for x, t in zip(leaves, flags) if t)
+    return train, total
+
+
+def describe(cfg, params) -> str:
+    """The log line: trainable params and which PEFT methods are on."""
+    mask = trainable_mask(cfg, params) if needs_mask(cfg) else None
+    train, total = count_trainable(params, mask)
+    p = _peft(cfg)
+    methods = [m for m, on in (("lora", p.lora_rank), ("prompt", p.prompt_tokens),
+                               ("prefix", p.prefix_tokens), ("adapters", p.adapter_dim),
+                               ("ia3", p.ia3), ("freeze", p.freeze),
+                               ("gradual_unfreeze", p.unfreeze_every)) if on]
+    return (f"trainable params: {train:,} of {total:,} ({100.0 * train / max(total, 1):.3f}%)"
+            + (f" [{', '.join(methods)}]" if methods else ""))
+
+
+# ============================================================================ optimizer
+
+
+class UnfreezeState(NamedTuple):
+    count: jax.Array
+    inner: Any
+
+
+def layer_depths(cfg, params):
+    """Pytree like params of int arrays broadcastable to each leaf: the layer index counted
+    from the bottom (encoder layers first, then decoder layers); -1 for embeddings (and the
+    soft prompt), a large number for everything above the layers (final norms, heads)."""
+    m = getattr(cfg, "model", cfg)
+    enc = m.num_encoder_layers if (m.architecture in ("encoder_decoder", "encoder_only")
+                                   and not m.shared_encoder_decoder) else 0
+    offset = {"encoder": 0, "decoder": enc}
+    top = 1 << 20
+    bottom_names = ("token_embedder", "position_embedder", "token_type_embedder", "embed_norm",
+                    "relpos_bias", PROMPT_NAME)
+    leaves, treedef = _leaves(params)
+    out = []
+    for path, leaf in leaves:
+        parts = path_str(path).split("/")
+        depth = np.array(top)
+        if parts[0] in offset and len(parts) > 1 and parts[1] == "layers":
+            n = leaf.shape[0]
+            depth = (offset[parts[0]] + np.arange(n)).reshape((n,) + (1,) * (len(leaf.shape) - 1))
+        elif parts[0] in offset and len(parts) > 1 and parts[1].startswith("layers_"):
+            depth = np.array(offset[parts[0]] + int(parts[1][len("layers_"):]))
+        elif any(p in bottom_names for p in parts):
+            depth = np.array(-1)
+        out.append(depth)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def total_layers(cfg) -> int:
+    m = getattr(cfg, "model", cfg)
+    if m.architecture == "encoder_only":
+        return m.num_encoder_layers
+    if m.architecture == "encoder_decoder" and not m.shared_encoder_decoder:
+        return m.num_encoder_layers + m.num_decoder_layers
+    return m.num_decoder_layers
+
+
+def open_from_depth(cfg, step):
+    """Lowest depth that trains at ``step`` under gradual unfreezing (traceable)."""
+    p = _peft(cfg)
+    opened = p.unfreeze_layers * (step // p.unfreeze_every + 1)
+    return total_layers(cfg) - opened
+
+
+def gradual_unfreeze(cfg, params, inner: optax.GradientTransformation):
+    """Wrap ``inner`` so that only layers at depth >= open_from_depth(step) get gradients and
+    updates (exact zeros elsewhere: those params stay bit-identical). The step lives in the
+    optimizer state and the mask is computed inside the jitted update: no recompiles."""
+    depths = layer_depths(cfg, params)
+
+    def masked(tree, lowest):
+        return jax.tree.map(lambda x, d: jnp.where(jnp.asarray(d) >= lowest, x,
+                                                   jnp.zeros_like(x)), tree, depths)
+
+    def init(params):
+        return UnfreezeState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
+
+    def update(grads, state, params=None):
+        lowest = open_from_depth(cfg, state.count)
+        updates, inner_state = inner.update(masked(grads, lowest), state.inner, params)
+        return masked(updates, lowest), UnfreezeState(count=state.count + 1, inner=inner_state)
+
+    return optax.GradientTransformation(init, update)
+
+
+def make_optimizer(cfg, total_steps: int, params=None, trainable=None):
+    """optim.make_optimizer with the PEFT / freezing mask and gradual unfreezing of ``cfg``
+    (a full Config). ``params``: (abstract) params, built from the config when None;
+    ``trainable``: an explicit mask overriding the config's."""
+    from t5lite import optim
+    p = _peft(cfg)
+    if params is None and (needs_mask(cfg) or p.unfreeze_every) and trainable is None:
+        from t5lite.models import abstract_params
+        params = abstract_params(cfg.model)
+    if trainable is None and needs_mask(cfg):
+        trainable = trainable_mask(cfg, params)
+    tx = optim.make_optimizer(cfg.optim, total_steps, trainable)
+    if p.unfreeze_every:
+        if params is None:
+            from t5lite.models import abstract_params
+            params = abstract_params(cfg.model)
+        tx = gradual_unfreeze(cfg, nn.meta.unbox(params), tx)
+    return tx
+
+
+# ============================================================================ save / load / merge
+
+
+def peft_subset(cfg, params) -> dict:
+    """The trained params only (PEFT params and train_also heads) as a nested dict."""
+    mask = trainable_mask(cfg, params)
+    flat = {}
+    for (path, leaf), t in zip(_leaves(params)[0], jax.tree.leaves(mask)):
+        if t:
+            flat[path_str(path)] = leaf
+    return flax_unflatten(flat)
+
+
+def flax_unflatten(flat: dict) -> dict:
+    out: dict = {}
+    for key, v in flat.items():
+        d = out
+        parts = key.split("/")
+        for part in parts[:-1]:
+            d = d.setdefault(part, {})
+        d[parts[-1]] = v
+    return out
+
+
+def save_peft(path: str, cfg, params) -> None:
+    """Write a params-only checkpoint (CONTRACTS.md: config.json + params/) holding only the
+    trained params, marked by a ``peft_only.json`` (their paths and counts). A few KB to MB
+    instead of the whole model; ``load_peft`` puts it on top of a base checkpoint."""
+    import orbax.checkpoint as ocp
+    from t5lite import config as config_lib
+    path = os.path.abspath(path)
+    subset = peft_subset(cfg, params)
+    if jax.process_index() == 0:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config_lib.to_dict(cfg), f, indent=2)
+        train, total = count_trainable(params, trainable_mask(cfg, params))
+        with open(os.path.join(path, PEFT_MARKER), "w") as f:
+            json.dump({"trainable_params": train, "model_params": total,
+                       "paths": sorted(path_str(p) for p, _ in _leaves(subset)[0])}, f, indent=1)
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(os.path.join(path, "params"), subset, force=True)
+    ckptr.wait_until_finished()
+
+
+def load_peft(path: str, base_params):
+    """-> (Config, params): ``base_params`` (e.g. from checkpointing.load_params of the base
+    model, or a fresh init) with the saved PEFT params of ``path`` put on top."""
+    import orbax.checkpoint as ocp
+    from t5lite import config as config_lib
+    path = os.path.abspath(path)
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.exists(os.path.join(path, PEFT_MARKER)) or not os.path.exists(cfg_file):
+        raise UserError(f"{path} is not a PEFT params dir (config.json + {PEFT_MARKER} + "
+                        "params/), as written by peft.save_peft / training with "
+                        "model.peft.save_peft_params")
+    with open(cfg_file) as f:
+        cfg = config_lib.from_dict(json.load(f))
+    saved = ocp.StandardCheckpointer().restore(os.path.join(path, "params"))
+    flat_saved = {path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
+    leaves, treedef = _leaves(base_params)
+    base_keys = {path_str(p) for p, _ in leaves}
+    missing = sorted(set(flat_saved) - base_keys)
+    if missing:
+        raise UserError(f"the base params lack {len(missing)} PEFT params of {path} (e.g. "
+                        f"{missing[0]}); build the base model with the PEFT config saved in "
+                        f"{cfg_file} (model.peft)")
+    out = []
+    for p, leaf in leaves:
+        v = flat_saved.get(path_str(p))
+        if v is None:
+            out.append(leaf)
+            continue
+        if tuple(v.shape) != tuple(leaf.shape):
+            raise UserError(f"{path_str(p)}: saved shape {tuple(v.shape)} != base shape "
+                            f"{tuple(leaf.shape)}; the base model config differs from the one "
+                            "the PEFT params were trained with")
+        sharding = getattr(leaf, "sharding", None)
+        v = jnp.asarray(v, leaf.dtype)
+        out.append(jax.device_put(v, sharding) if sharding is not None else v)
+    return cfg, jax.tree_util.tree_unflatten(treedef, out)
+
+
+def merge_lora(cfg, params):
+    """Fold LoRA into the base kernels: W' = W + (alpha / r) A B. -> (cfg without LoRA,
+    params without lora_a / lora_b). ``cfg``: Config or ModelConfig (returned as given);
+    works for scanned ([layers, ...]) and unrolled params."""
+    m = getattr(cfg, "model", cfg)
+    rank, scale = m.peft.lora_rank, m.peft.lora_alpha / max(m.peft.lora_rank, 1)
+    if not rank:
+        raise UserError("merge_lora: model.peft.lora_rank is 0, there is no LoRA to merge")
+
+    def merge(tree):
+        if not isinstance(tree, dict):
+            return tree
+        if "lora_a" in tree and "lora_b" in tree:
+            a, b, w = tree["lora_a"], tree["lora_b"], tree["kernel"]
+            lead_in = a.shape[:-1]
+            feat = w.shape[len(lead_in):]
+            lead = b.shape[:b.ndim - 1 - len(feat)]
+            n_in = int(np.prod(lead_in[len(lead):]))
+            a2 = a.reshape(lead + (n_in, rank)).astype(jnp.float32)
+            b2 = b.reshape(lead + (rank, int(np.prod(feat)))).astype(jnp.float32)
+            delta = (a2 @ b2).reshape(w.shape) * scale
+            rest = {k: v for k, v in tree.items() if k not in LORA_NAMES}
+            return {**rest, "kernel": (w.astype(jnp.float32) + delta).astype(w.dtype)}
+        return {k: merge(v) for k, v in tree.items()}
+
+    merged = merge(jax.tree.map(lambda x: x, nn.meta.unbox(params)))
+    new_peft = dataclasses.replace(m.peft, lora_rank=0)
+    new_model = dataclasses.replace(m, peft=new_peft)
+    if hasattr(cfg, "model"):
+        return dataclasses.replace(cfg, model=new_model), merged
+    return new_model, merged
+
+
+def export_merged(checkpoint: str, out_dir: str) -> str:
+    """Load a LoRA checkpoint (any form checkpointing.load_params reads), merge LoRA and write
+    a params-only checkpoint of the plain model to ``out_dir``."""
+    import orbax.checkpoint as ocp
+    from t5lite import checkpointing
+    from t5lite import config as config_lib
+    cfg, params = checkpointing.load_params(checkpoint)
+    cfg, params = merge_lora(cfg, params)
+    out_dir = os.path.abspath(out_dir)
+    if jax.process_index() == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(config_lib.to_dict(cfg), f, indent=2)
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(os.path.join(out_dir, "params"), params, force=True)
+    ckptr.wait_until_finished()
+    return out_dir
