@@ -808,6 +808,11 @@ def train_sentencepiece(corpus_path: str, model_path: str, vocab_size: int = 800
         pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=2,
         input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2)
     os.remove(prefix + ".vocab")
+    from sentencepiece import sentencepiece_model_pb2
+    proto = sentencepiece_model_pb2.ModelProto.FromString(open(model_path, "rb").read())
+    proto.trainer_spec.model_prefix = "t5lite_sp"  # not the (machine-specific) output path
+    with open(model_path, "wb") as f:
+        f.write(proto.SerializeToString(deterministic=True))
     return {"sentences": len(sents), "sample_bytes": sum(len(s.encode()) for s in sents)}
 
 
@@ -839,7 +844,7 @@ DATASETS = {d.name: d for d in [
     Dataset("vocab_t5", build_vocab_t5, 1, kind="vocab"),
     Dataset("vocab_gpt2", build_vocab_gpt2, 1, kind="vocab"),
     Dataset("vocab_bert", build_vocab_bert, 1, kind="vocab"),
-    Dataset("vocab_sp8k", build_vocab_sp8k, 1, deps=("corpus",), kind="vocab"),
+    Dataset("vocab_sp8k", build_vocab_sp8k, 2, deps=("corpus",), kind="vocab"),
 ]}
 QUICKSTART = ("corpus", "sentiment", "vocab_sp8k")
 
@@ -975,3 +980,15 @@ def require(name: str, rel: str, data_dir: str = "") -> str:
         raise UserError(f"{rel} is not prepared in {root}. Run `t5lite data prepare {name}` "
                         "(or set $T5LITE_DATA_DIR / data.data_dir to where it was prepared).")
     return path
+
+
+def summary(data_dir: str = "") -> str:
+    """A table of what is prepared: dataset, files, MB, lines, build seconds, sources."""
+    root = _data_dir(data_dir)
+    rows = [f"{'dataset':18} {'MB':>7} {'lines':>9} {'secs':>6}  sources   ({root})"]
+    for name, e in sorted(read_manifest(root)["datasets"].items()):
+        mb = sum(f["bytes"] for f in e["files"].values()) / 1e6
+        lines = sum(f["lines"] or 0 for f in e["files"].values())
+        srcs = ", ".join(f"{s['package']} {s['version']}".strip() for s in e["sources"].values())
+        rows.append(f"{name:18} {mb:7.1f} {lines:9d} {e['seconds']:6.0f}  {srcs}")
+    return "\n".join(rows)

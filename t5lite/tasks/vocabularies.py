@@ -159,8 +159,12 @@ class GPT2Vocabulary(seqio.Vocabulary):
 
 
 class BertVocabulary(seqio.Vocabulary):
-    """BERT uncased WordPiece through tensorflow_text.BertTokenizer (lower_case=True), so
-    tokenisation runs inside tf.data. eos is [SEP]; decoding drops [PAD], [CLS], [SEP]."""
+    """BERT uncased WordPiece through tensorflow_text.BertTokenizer, so tokenisation runs
+    inside tf.data. eos is [SEP]; decoding drops [PAD], [CLS], [SEP].
+
+    Uncasing is done as BERT's reference tokenizer does it (lowercase, NFD, drop accents):
+    tf_text's own lower_case=True case-folds, which turns 'ß' into 'ss' and changes ids.
+    """
 
     PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103
     SIZE = 30522
@@ -182,8 +186,7 @@ class BertVocabulary(seqio.Vocabulary):
             import tensorflow_text as tf_text
             path = self.vocab_file
             with tf.init_scope():  # the lookup table must live outside any traced function
-                self._tok = tf_text.BertTokenizer(path, lower_case=True,
-                                                  token_out_type=tf.int64)
+                self._tok = tf_text.BertTokenizer(path, token_out_type=tf.int64)
         return self._tok
 
     cls_id = property(lambda self: self.CLS)
@@ -205,8 +208,12 @@ class BertVocabulary(seqio.Vocabulary):
 
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
         """Scalar string -> int32 [n]; 1-D strings -> int32 RaggedTensor [b, None]."""
+        import tensorflow_text as tf_text
         s = tf.convert_to_tensor(s, tf.string)
-        toks = self.tf_tokenizer.tokenize(tf.reshape(s, [-1]))  # [b, words, pieces]
+        text = tf_text.normalize_utf8(tf.strings.lower(tf.reshape(s, [-1]), encoding="utf-8"),
+                                      "NFD")
+        text = tf.strings.regex_replace(text, r"\p{Mn}", "")
+        toks = self.tf_tokenizer.tokenize(text)  # [b, words, pieces]
         toks = tf.cast(toks.merge_dims(1, 2), tf.int32)
         return toks.flat_values if s.shape.rank == 0 else toks
 
