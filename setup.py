@@ -31,7 +31,7 @@ setup(
     ],
     extras_require={
         # Accelerator runtimes (launch/: `pip install -e .[tpu]` on TPU VMs, .[gpu] on CUDA 12).
-        "tpu": ["jax[tpu]==0.10.2"],
+        "tpu": ["jax[tpu]==0.10.2", "google-cloud-storage>=2"],  # tensorboardX on gs://
         "gpu": ["jax[cuda12]==0.10.2"],
         "test": [
             "pytest>=8",

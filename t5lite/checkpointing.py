@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
@@ -40,6 +40,12 @@ def _abstract(tree):
         tree)
 
 
+def abspath(path: str) -> str:
+    """Absolute local path; URLs (gs://bucket/dir) unchanged. Workdirs may be either, so file
+    I/O here goes through epath (orbax, tf.train.Checkpoint take both), never os / open()."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 def _is_tf_iterator(it) -> bool:
     try:
         import tensorflow as tf
@@ -52,7 +58,7 @@ class Checkpointer:
     """Owns workdir/checkpoints and workdir/data_state for one training run."""
 
     def __init__(self, workdir: str, ckpt_cfg):
-        self.workdir = os.path.abspath(workdir)
+        self.workdir = abspath(workdir)
         self.dir = os.path.join(self.workdir, "checkpoints")
         self.data_dir = os.path.join(self.workdir, "data_state")
         self.cfg = ckpt_cfg
@@ -81,12 +87,14 @@ class Checkpointer:
         self._prune_data_state(keep={step})
 
     def _prune_data_state(self, keep=()) -> None:
-        if jax.process_index() != 0 or not os.path.isdir(self.data_dir):
+        data_dir = epath.Path(self.data_dir)
+        if jax.process_index() != 0 or not data_dir.is_dir():
             return
         live = set(self.manager.all_steps()) | set(keep)
-        for name in os.listdir(self.data_dir):
+        for child in data_dir.iterdir():
+            name = child.name
             if name.isdigit() and int(name) not in live and int(name) < max(live, default=0):
-                shutil.rmtree(os.path.join(self.data_dir, name), ignore_errors=True)
+                child.rmtree(missing_ok=True)
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -127,10 +135,9 @@ class Checkpointer:
         log.warning(msg)
         print(f"t5lite: warning: {msg}", flush=True)
         if jax.process_index() == 0:
-            bad = os.path.join(self.workdir, "corrupt_checkpoints")
-            os.makedirs(bad, exist_ok=True)
-            shutil.move(os.path.join(self.dir, str(step)),
-                        os.path.join(bad, f"{step}.{int(time.time())}"))
+            bad = epath.Path(self.workdir) / "corrupt_checkpoints"
+            bad.mkdir(parents=True, exist_ok=True)
+            (epath.Path(self.dir) / str(step)).rename(bad / f"{step}.{int(time.time())}")
         self.manager.reload()
 
     def restore_data(self, step: int, data_iter) -> None:
@@ -138,7 +145,7 @@ class Checkpointer:
         if not _is_tf_iterator(data_iter):
             raise UserError("exact resume needs a tf.data iterator (from pipeline.get_dataset); "
                             f"got {type(data_iter).__name__}")
-        if not os.path.exists(prefix + ".index"):
+        if not epath.Path(prefix + ".index").exists():
             raise UserError(
                 f"checkpoint step {step} has no data iterator state at {prefix} (written by "
                 "another number of processes?). Resume with the same process count, or start "
@@ -152,8 +159,8 @@ class Checkpointer:
 
 def _find_params_dir(path: str, step: int = -1):
     """-> (params_dir, config_json_path) for a params-only dir, a workdir or a step dir."""
-    path = os.path.abspath(path)
-    if os.path.isdir(os.path.join(path, "checkpoints")):  # training workdir
+    path = abspath(path)
+    if epath.Path(path, "checkpoints").is_dir():  # training workdir
         mgr = ocp.CheckpointManager(os.path.join(path, "checkpoints"),
                                     options=ocp.CheckpointManagerOptions(read_only=True))
         steps = sorted(mgr.all_steps(), reverse=True)
@@ -166,9 +173,9 @@ def _find_params_dir(path: str, step: int = -1):
             raise UserError(f"{path} has no finished checkpoints yet")
         cands = [os.path.join(path, "checkpoints", str(s), "params") for s in steps]
         return cands, os.path.join(path, "config.json")
-    if os.path.isdir(os.path.join(path, "params")):
+    if epath.Path(path, "params").is_dir():
         cfg = os.path.join(path, "config.json")
-        if not os.path.exists(cfg):  # step dir: workdir/checkpoints/<step>
+        if not epath.Path(cfg).exists():  # step dir: workdir/checkpoints/<step>
             cfg = os.path.join(os.path.dirname(os.path.dirname(path)), "config.json")
         return [os.path.join(path, "params")], cfg
     raise UserError(f"{path} is not a t5lite checkpoint: expected a params-only dir "
@@ -177,11 +184,10 @@ def _find_params_dir(path: str, step: int = -1):
 
 
 def load_config_json(path: str):
-    if not os.path.exists(path):
+    if not epath.Path(path).exists():
         raise UserError(f"missing {path}: the checkpoint's config.json is needed to rebuild "
                         "the model")
-    with open(path) as f:
-        return config_lib.from_dict(json.load(f))
+    return config_lib.from_dict(json.loads(epath.Path(path).read_text()))
 
 
 def load_params(path: str, abstract_params=None, step: int = -1):

@@ -14,6 +14,7 @@ import os
 import jax
 import jax.extend as jex
 import numpy as np
+from etils import epath
 
 # Dense bf16 peak FLOP/s per device (vendor data sheets). MFU = achieved model FLOP/s / peak.
 PEAK_FLOPS = {
@@ -74,7 +75,7 @@ class MetricsLogger:
         self.bar = self.tb = None
         if not self.enabled:
             return
-        os.makedirs(workdir, exist_ok=True)
+        epath.Path(workdir).mkdir(parents=True, exist_ok=True)  # epath: workdir may be gs://
         self._truncate_after(start_step)
         from tensorboardX import SummaryWriter
         self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
@@ -85,20 +86,19 @@ class MetricsLogger:
         self.step = start_step
 
     def _truncate_after(self, step: int) -> None:
-        if not os.path.exists(self.path):
+        path = epath.Path(self.path)
+        if not path.exists():
             return
-        with open(self.path) as f:
-            rows = [line for line in f if line.strip()]
+        rows = [line + "\n" for line in path.read_text().splitlines() if line.strip()]
         kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
         if len(kept) != len(rows):
-            with open(self.path, "w") as f:
-                f.writelines(kept)
+            path.write_text("".join(kept))
 
     def write(self, step: int, metrics: dict, prefix: str = "train") -> None:
         if not self.enabled:
             return
         scalars = {k: float(np.asarray(v)) for k, v in metrics.items()}
-        with open(self.path, "a") as f:
+        with epath.Path(self.path).open("a") as f:
             f.write(json.dumps({"step": step, "split": prefix, **scalars}) + "\n")
         for k, v in scalars.items():
             if math.isfinite(v):

@@ -20,11 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from etils import epath
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from t5lite import checkpointing, losses, metrics_log, optim, partitioning
 from t5lite import config as config_lib
 from t5lite.errors import UserError
+from t5lite.models import peft
 
 
 @flax.struct.dataclass
@@ -187,7 +189,7 @@ def step_flops(cfg, model, mesh, abstract_params, batch_size) -> int:
 
 def _prepare_tasks(cfg):
     if cfg.data.data_dir:
-        os.environ["T5LITE_DATA_DIR"] = os.path.abspath(cfg.data.data_dir)
+        os.environ["T5LITE_DATA_DIR"] = checkpointing.abspath(cfg.data.data_dir)
     if cfg.train.prepare_data:
         from t5lite.tasks import local_data
         # every process (hosts may have local disks); a file lock serialises shared ones
@@ -232,10 +234,10 @@ def _count_tokens(host_batch) -> int:
 
 
 def write_config(cfg, workdir: str) -> None:
-    if jax.process_index() == 0:
-        os.makedirs(workdir, exist_ok=True)
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            json.dump(config_lib.to_dict(cfg), f, indent=2)
+    if jax.process_index() == 0:  # epath: the workdir may be gs://
+        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+        (epath.Path(workdir) / "config.json").write_text(
+            json.dumps(config_lib.to_dict(cfg), indent=2))
 
 
 def train(cfg, workdir: str, train_iter: Iterator | None = None,
@@ -255,7 +257,9 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     write_config(cfg, workdir)
 
     model = build_model(cfg.model)
-    tx = optim.make_optimizer(cfg.optim, cfg.train.steps, trainable_mask)
+    # PEFT / freezing (cfg.model.peft) or an explicit trainable_mask: frozen params get no
+    # optimizer state; gradual unfreezing opens layers inside the jitted update
+    tx = peft.make_optimizer(cfg, cfg.train.steps, trainable=trainable_mask)
     abstract, shardings, _ = abstract_train_state(cfg, model, mesh, tx)
     ckpt = checkpointing.Checkpointer(workdir, cfg.checkpoint)
     data_iter = train_iter if train_iter is not None else dataset_iterator(
@@ -286,6 +290,7 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
             params = checkpointing.merge_params(state.params, src, announce=logger.info)
             state, _ = create_train_state(cfg, model, mesh, tx, params=params)
             logger.info(f"initialised params from {cfg.checkpoint.init_from}")
+    logger.info(peft.describe(cfg, state.params))
     train_step = make_train_step(cfg, model, tx, mesh, shardings)
     eval_step = make_eval_step(cfg, model, mesh, shardings.params)
     bsh = partitioning.batch_sharding(mesh)
@@ -302,13 +307,15 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
         clock["tokens"] += tokens
         if not m.pop("finite"):
             if not cfg.train.stop_on_nan:
-                logger.info(f"warning: step {step} loss {m['loss']} not finite; update skipped")
+                logger.info(f"warning: step {step} not finite (loss={m['loss']:.4g}, "
+                            f"param_norm={m['param_norm']:.4g}); update skipped")
                 return
             ckpt.wait()
             raise UserError(
-                f"loss became {m['loss']} at step {step} (grad_norm={m['grad_norm']}); stopped. "
-                f"The state was not updated and the last checkpoint ({last_ckpt or 'none'}) "
-                "is good. Lower optim.learning_rate, set optim.clip_grad_norm, or check data.")
+                f"step {step} was not finite (loss={m['loss']:.4g}, grad_norm="
+                f"{m['grad_norm']:.4g}, new param_norm={m['param_norm']:.4g}); stopped. The "
+                f"state was not updated and the last checkpoint ({last_ckpt or 'none'}) is "
+                "good. Lower optim.learning_rate, set optim.clip_grad_norm, or check the data.")
         final = m
         if step % cfg.train.log_every == 0 or step == total:
             now = time.time()
@@ -335,6 +342,7 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
             flush(*pending)
             pending = None
             ckpt.save(step + 1, state, data_iter if tf_iter else None)
+            peft.save_with_checkpoint(cfg, ckpt.workdir, step + 1, state.params)
             last_ckpt = step + 1
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < total:
             final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
