@@ -216,12 +216,13 @@ class Fetcher:
 
     @staticmethod
     def _index_date(lists: str) -> str:
+        """'suite (date), ...' of the Release files: the archive moves, so record when."""
+        out = []
         for f in sorted(glob.glob(os.path.join(lists, "*_InRelease"))):
             with open(f, errors="replace") as fh:
-                for line in fh:
-                    if line.startswith("Date:"):
-                        return line[5:].strip()
-        return ""
+                fields = dict(ln.split(":", 1) for ln in fh if re.match(r"(Suite|Date):", ln))
+            out.append(f"{fields.get('Suite', '?').strip()} ({fields.get('Date', '').strip()})")
+        return ", ".join(out)
 
 
 def sha256_file(path: str) -> str:
@@ -488,10 +489,15 @@ class Builder:
     def fetch(self, key: str) -> str:
         src = SOURCES[key]
         path, version = self.fetcher.fetch(src)
+        if os.path.isfile(path):
+            name, digest = os.path.basename(path), sha256_file(path)
+        else:  # the Debian index folder: a digest of its index files' digests
+            files = sorted(glob.glob(os.path.join(path, "*_main_*")))
+            name = ", ".join(os.path.basename(f) for f in files)
+            digest = hashlib.sha256("".join(map(sha256_file, files)).encode()).hexdigest()
         self.sources[key] = {"registry": src.registry, "package": src.package,
                              "version": version, "license": src.license,
-                             "file": os.path.basename(path) if os.path.isfile(path) else path,
-                             "sha256": sha256_file(path) if os.path.isfile(path) else ""}
+                             "file": name, "sha256": digest}
         return path
 
     def open_out(self, rel: str, binary: bool = False):
@@ -820,7 +826,11 @@ def build_vocab_sp8k(b: Builder) -> list[str]:
     """t5lite's own 8k SentencePiece, trained on a sample of corpus/train.txt."""
     rel = "vocab/t5lite_sp8k.model"
     tmp = os.path.join(b.root, "vocab/.t5lite_sp8k.tmp.model")
-    b.stats = train_sentencepiece(os.path.join(b.root, "corpus/train.txt"), tmp)
+    corpus = os.path.join(b.root, "corpus/train.txt")
+    b.sources["corpus"] = {"registry": "t5lite", "package": "corpus/train.txt", "version": "",
+                           "license": "see the corpus sources", "file": "corpus/train.txt",
+                           "sha256": sha256_file(corpus)}
+    b.stats = train_sentencepiece(corpus, tmp)
     os.replace(tmp, os.path.join(b.root, rel))
     return [rel]
 
