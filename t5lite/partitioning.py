@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -44,17 +45,26 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 def initialize_multihost(mesh_cfg) -> None:
     """jax.distributed.initialize() for multi-process runs (TPU pods, SLURM, several GPUs hosts).
 
-    Empty / zero fields let JAX discover the cluster (TPU metadata, SLURM env vars).
+    Unset fields come from $T5LITE_COORDINATOR / $T5LITE_NUM_PROCESSES / $T5LITE_PROCESS_ID
+    (launch/multinode.sh, launch/local_multiprocess.py), else JAX discovers the cluster (TPU
+    metadata, SLURM env vars).
     """
     if not mesh_cfg.multihost:
         return
+    env = os.environ
     kwargs = {}
-    if mesh_cfg.coordinator_address:
-        kwargs["coordinator_address"] = mesh_cfg.coordinator_address
-    if mesh_cfg.num_processes > 0:
-        kwargs["num_processes"] = mesh_cfg.num_processes
-    if mesh_cfg.process_id >= 0:
-        kwargs["process_id"] = mesh_cfg.process_id
+    if mesh_cfg.coordinator_address or env.get("T5LITE_COORDINATOR"):
+        kwargs["coordinator_address"] = (mesh_cfg.coordinator_address
+                                         or env["T5LITE_COORDINATOR"])
+    try:
+        if mesh_cfg.num_processes > 0 or env.get("T5LITE_NUM_PROCESSES"):
+            kwargs["num_processes"] = (mesh_cfg.num_processes
+                                       or int(env["T5LITE_NUM_PROCESSES"]))
+        if mesh_cfg.process_id >= 0 or env.get("T5LITE_PROCESS_ID"):
+            kwargs["process_id"] = (mesh_cfg.process_id if mesh_cfg.process_id >= 0
+                                    else int(env["T5LITE_PROCESS_ID"]))
+    except ValueError as e:
+        raise UserError(f"$T5LITE_NUM_PROCESSES / $T5LITE_PROCESS_ID must be integers ({e})")
     if not jax.distributed.is_initialized():
         jax.distributed.initialize(**kwargs)
 

@@ -265,7 +265,7 @@ def test_local_child_env_and_command():
 
 def local(*argv, timeout=120):
     return subprocess.run([sys.executable, os.path.join(LAUNCH, "local_multiprocess.py"), *argv],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def test_local_two_jax_processes_share_one_global_array():
@@ -306,3 +306,20 @@ def test_local_timeout_and_usage():
     assert r.returncode == 124 and "timeout" in r.stderr
     r = local("-n", "2")
     assert r.returncode == 2 and "give the command after --" in r.stderr
+
+
+def test_local_initialize_multihost_reads_the_launcher_env():
+    """`t5lite`'s initialize_multihost takes the coordinator, count and index that the
+    launchers export (T5LITE_*), so `--set mesh.multihost=true` alone is enough."""
+    script = textwrap.dedent("""\
+        import jax
+        from t5lite import config, partitioning
+        partitioning.initialize_multihost(config.MeshConfig(multihost=True))
+        mesh = partitioning.make_mesh(config.MeshConfig(data=2, fsdp=2))
+        print("process", jax.process_index(), "of", jax.process_count(), "mesh", dict(mesh.shape))
+        """)
+    r = local("-n", "2", "-d", "2", "--timeout", "100", "--", sys.executable, "-c", script)
+    assert r.returncode == 0, r.stdout + r.stderr
+    mesh = "mesh {'data': 2, 'fsdp': 2, 'tensor': 1}"
+    assert sorted(ln for ln in r.stdout.splitlines() if "process" in ln) == [
+        f"[0] process 0 of 2 {mesh}", f"[1] process 1 of 2 {mesh}"]
