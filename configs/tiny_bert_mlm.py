@@ -13,6 +13,7 @@ def get_config():
     cfg.data.mixture_or_task = "corpus_mlm"
     cfg.data.feature_lengths = {"inputs": 128}
     cfg.data.batch_size = 32
+    cfg.data.pack = False  # examples carry per-example nsp_labels; BERT pairs fill a row anyway
     cfg.optim.name, cfg.optim.schedule = "adamw", "linear"
     cfg.optim.learning_rate, cfg.optim.warmup_steps = 1e-3, 50
     cfg.optim.weight_decay = 0.01

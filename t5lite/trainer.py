@@ -293,6 +293,9 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
     logger.info(peft.describe(cfg, state.params))
     train_step = make_train_step(cfg, model, tx, mesh, shardings)
     eval_step = make_eval_step(cfg, model, mesh, shardings.params)
+    from t5lite import evaluation  # task metrics (decoding) + best checkpoint: cfg.eval
+    task_eval = (evaluation.TrainEvaluator(cfg, model, ckpt.workdir, mesh, logger)
+                 if evaluation.TrainEvaluator.wanted(cfg) else None)
     bsh = partitioning.batch_sharding(mesh)
     flops = step_flops(cfg, model, mesh, abstract.params, cfg.data.batch_size)
     peak = metrics_log.peak_flops_per_device(cfg.train.peak_flops)
@@ -347,11 +350,15 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < total:
             final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
                                    eval_iter_fn))
+        if task_eval is not None and step + 1 < total and task_eval.due(step + 1, total):
+            final.update(task_eval(step + 1, state.params))
     if pending is not None:
         flush(*pending)
     if total > start or not final:
         final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, max(total, start),
                                eval_iter_fn))
+    if task_eval is not None and total > start:
+        final.update(task_eval(total, state.params))
     return final
 
 

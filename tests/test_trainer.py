@@ -1,0 +1,104 @@
+"""The train step and the loop on synthetic batches: gradient accumulation equals one big
+batch; logs, checkpoints and exact resume; NaN stop keeping the last good checkpoint."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from t5lite import checkpointing, optim, partitioning, trainer
+from t5lite import config as config_lib
+from t5lite.errors import UserError
+from t5lite.models import build_model
+from train_helpers import enable_compilation_cache, synthetic_batches, tf_iterator, tiny_config
+
+enable_compilation_cache()
+
+
+def read_metrics(workdir, split="train"):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return {r["step"]: r for r in rows if r["split"] == split}
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder"])
+def test_grad_accumulation_equals_one_big_batch(arch):
+    cfg = tiny_config(arch, batch_size=32, lr=1.0)
+    cfg.optim.eps = 1.0  # Adam's first update ~ lr * g / (|g| + 1): compares the gradients
+    cfg.mesh = config_lib.MeshConfig(data=2, fsdp=4)
+    model = build_model(cfg.model)
+    mesh = partitioning.make_mesh(cfg.mesh)
+    tx = optim.make_optimizer(cfg.optim, 10)
+    state0, sh = trainer.create_train_state(cfg, model, mesh, tx)
+    state0 = jax.device_get(state0)
+    batch = partitioning.global_batch(synthetic_batches(cfg, 1)[0],
+                                      partitioning.batch_sharding(mesh))
+    # uneven real-token counts per micro-batch: normalisers must come from the full batch
+    w = np.asarray(batch["decoder_loss_weights"]).copy()
+    w[::3, 5:] = 0
+    batch["decoder_loss_weights"] = jax.device_put(w, partitioning.batch_sharding(mesh))
+    out = {}
+    for k in (1, 4):
+        cfg.train.grad_accum_steps = k
+        step = trainer.make_train_step(cfg, model, tx, mesh, sh)
+        state, m = step(jax.device_put(state0, sh), batch)
+        out[k] = (jax.device_get(m), jax.device_get(state.params))
+    (m1, p1), (m4, p4) = out[1], out[4]
+    for key in ("loss", "accuracy", "grad_norm", "num_tokens"):
+        np.testing.assert_allclose(m4[key], m1[key], rtol=2e-5, err_msg=key)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), p4, p1)
+    assert not np.allclose(jax.tree.leaves(p1)[0], jax.tree.leaves(state0.params)[0])
+
+
+def test_train_loop_logs_checkpoints_and_resumes_exactly(tmp_path):
+    cfg = tiny_config(dropout=0.1)
+    cfg.train.steps, cfg.train.eval_every = 6, 3
+    cfg.checkpoint.every_steps, cfg.checkpoint.keep = 2, 2
+    full = str(tmp_path / "full")
+    final = trainer.train(cfg, full, train_iter=tf_iterator(cfg),
+                          eval_iter_fn=lambda: tf_iterator(cfg, seed=1))
+    train_rows, eval_rows = read_metrics(full), read_metrics(full, "eval")
+    assert sorted(train_rows) == [1, 2, 3, 4, 5, 6] and sorted(eval_rows) == [3, 6]
+    assert train_rows[6]["loss"] < train_rows[1]["loss"]
+    for key in ("accuracy", "lr", "tokens_per_s", "grad_norm"):
+        assert key in train_rows[1]
+    assert "mfu" not in train_rows[1]  # CPU: no honest peak, so no MFU
+    assert final["eval_loss"] == pytest.approx(eval_rows[6]["loss"])
+    assert sorted(os.listdir(os.path.join(full, "checkpoints"))) == ["4", "6"]
+    assert sorted(os.listdir(os.path.join(full, "data_state"))) == ["4", "6"]
+    assert os.listdir(os.path.join(full, "tensorboard"))
+    with open(os.path.join(full, "config.json")) as f:
+        assert config_lib.from_dict(json.load(f)) == cfg
+
+    # stop after 4 steps, then run the same config again: steps 5, 6 continue exactly
+    part = str(tmp_path / "part")
+    cfg4 = config_lib.copy_config(cfg)
+    cfg4.train.steps = 4
+    trainer.train(cfg4, part, train_iter=tf_iterator(cfg),
+                  eval_iter_fn=lambda: tf_iterator(cfg, seed=1))
+    trainer.train(cfg, part, train_iter=tf_iterator(cfg),
+                  eval_iter_fn=lambda: tf_iterator(cfg, seed=1))
+    resumed = read_metrics(part)
+    assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose([resumed[s]["loss"] for s in range(1, 7)],
+                               [train_rows[s]["loss"] for s in range(1, 7)], rtol=1e-6)
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    cfg = tiny_config()
+    cfg.train.steps, cfg.train.eval_steps = 4, 0
+    cfg.checkpoint.every_steps = 2
+    wd = str(tmp_path / "run")
+    trainer.train(cfg, wd, train_iter=tf_iterator(cfg))
+    _, good = checkpointing.load_params(wd)
+    cfg.train.steps, cfg.optim.learning_rate = 10, 1e30  # params blow up, then the loss
+    with pytest.raises(UserError, match=r"step [56] was not finite .*last checkpoint \(4\) "
+                                        r"is good"):
+        trainer.train(cfg, wd, train_iter=tf_iterator(cfg))
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "4"]
+    _, after = checkpointing.load_params(wd)
+    jax.tree.map(np.testing.assert_array_equal, after, good)
+    rows = read_metrics(wd)
+    assert all(np.isfinite(r["loss"]) for r in rows.values())
