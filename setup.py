@@ -26,7 +26,6 @@ setup(
         "scipy>=1.11",
         "numpy>=1.26",
         "tiktoken>=0.7",  # GPT-2 BPE vocabulary (t5lite/tasks/vocabularies.py)
-        "nltk>=3.8",  # Brown corpus detokenizer (data preparation)
         "safetensors>=0.4",  # t5lite convert: Hugging Face weights
     ],
     extras_require={

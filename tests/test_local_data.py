@@ -41,11 +41,13 @@ def test_is_prose():
 
 def test_brown_detokenization():
     tagged = ("\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' was/bedz found/vbn ./.\n"
-              "It/pps did/dod n't/* matter/vb ,/, he/pps said/vbd ./.\n\n\n"
-              "\tA/at new/jj paragraph/nn ./.\n")
+              "It/pps did/dod n't/* matter/vb ,/, he/pps said/vbd ;/. ;/. it/pps voted/vbd "
+              "no/rb --/-- and/cc left/vbd for/in Opelika/np ,/, Ala./np ./.\n\n\n"
+              "\tA/at new/jj paragraph/nn (/( 1961/cd )/) ./.\n")
     assert L.brown_paragraphs(tagged) == [
-        'The jury said "no evidence" was found. It didn\'t matter, he said.',
-        "A new paragraph."]
+        'The jury said "no evidence" was found. It didn\'t matter, he said;; it voted '
+        "no--and left for Opelika, Ala.",
+        "A new paragraph (1961)."]
 
 
 def test_bert_vocab_conversion():
@@ -157,6 +159,27 @@ def test_unknown_dataset_name():
         L.prepare(["sentimnt"], data_dir="/nonexistent-never-created")
     assert L._resolve(["vocab_sp8k"])[0] == ["corpus", "vocab_sp8k"]
     assert L._resolve(["quickstart"])[0] == ["corpus", "sentiment", "vocab_sp8k"]
+
+
+def test_dependent_is_stale_when_its_dependency_is_rebuilt(tmp_path):
+    root = str(tmp_path)
+    files = {"corpus/train.txt": "a b c d\n", "corpus/validation.txt": "e f g h\n",
+             "vocab/t5lite_sp8k.model": "model"}
+    for rel, text in files.items():
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    info = {rel: L._file_info(os.path.join(root, rel)) for rel in files}
+    manifest = {"format": 1, "datasets": {
+        "corpus": {"recipe": L.DATASETS["corpus"].recipe, "sources": {},
+                   "files": {k: v for k, v in info.items() if k.startswith("corpus")}},
+        "vocab_sp8k": {"recipe": L.DATASETS["vocab_sp8k"].recipe,
+                       "sources": {"corpus": {"sha256": info["corpus/train.txt"]["sha256"]}},
+                       "files": {"vocab/t5lite_sp8k.model": info["vocab/t5lite_sp8k.model"]}}}}
+    L._write_manifest(root, manifest)
+    assert L.is_prepared("corpus", root) and L.is_prepared("vocab_sp8k", root)
+    manifest["datasets"]["corpus"]["files"]["corpus/train.txt"]["sha256"] = "rebuilt"
+    L._write_manifest(root, manifest)
+    assert L.is_prepared("corpus", root) and not L.is_prepared("vocab_sp8k", root)
 
 
 def test_require_says_what_to_run(tmp_path):

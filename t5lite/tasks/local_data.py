@@ -389,15 +389,32 @@ def _brown_files(fetcher: "Fetcher") -> tuple[dict, dict]:
     return files, cats
 
 
+_NO_SPACE_BEFORE = {".", ",", ";", ":", "!", "?", ")", "]", "}", "''", "%", "--", "n't", "'s",
+                    "'re", "'ve", "'ll", "'d", "'m"}
+_NO_SPACE_AFTER = {"``", "(", "[", "{", "$", "--"}
+
+
+def detokenize(words: list[str]) -> str:
+    """Treebank-style tokens -> text: ``quotes'' become "quotes", punctuation attaches, an
+    abbreviation's period absorbs a sentence-final one."""
+    out, prev = [], None
+    for w in words:
+        if w == "." and prev is not None and prev.endswith("."):
+            continue
+        if out and w not in _NO_SPACE_BEFORE and prev not in _NO_SPACE_AFTER:
+            out.append(" ")
+        out.append('"' if w in ("``", "''") else w)
+        prev = w
+    return "".join(out)
+
+
 def brown_paragraphs(tagged: str) -> list[str]:
-    """Detokenised paragraphs of one Brown file (`word/tag` tokens)."""
-    from nltk.tokenize.treebank import TreebankWordDetokenizer
-    detok = TreebankWordDetokenizer()
+    """Detokenised paragraphs of one Brown file (`word/tag` tokens, blank-line paragraphs)."""
     out = []
     for block in re.split(r"\n\s*\n", tagged):
         words = [tok.rsplit("/", 1)[0] for tok in block.split() if "/" in tok]
         if words:
-            out.append(detok.detokenize(words))
+            out.append(detokenize(words))
     return out
 
 
@@ -845,12 +862,12 @@ class Dataset:
 
 
 DATASETS = {d.name: d for d in [
-    Dataset("corpus", build_corpus, 1, kind="corpus"),
+    Dataset("corpus", build_corpus, 2, kind="corpus"),
     Dataset("sentiment", build_sentiment, 1),
     Dataset("translate_en_de", build_translate_en_de, 1),
     Dataset("summarize_debian", build_summarize_debian, 1),
     Dataset("topic_debian", build_topic_debian, 1),
-    Dataset("topic_brown", build_topic_brown, 1),
+    Dataset("topic_brown", build_topic_brown, 2),
     Dataset("vocab_t5", build_vocab_t5, 1, kind="vocab"),
     Dataset("vocab_gpt2", build_vocab_gpt2, 1, kind="vocab"),
     Dataset("vocab_bert", build_vocab_bert, 1, kind="vocab"),
@@ -885,9 +902,14 @@ def is_prepared(name: str, data_dir: str = "") -> bool:
     """True when the manifest lists `name` at the current recipe and its files have the
     recorded sizes."""
     root = _data_dir(data_dir)
-    entry = read_manifest(root)["datasets"].get(name)
+    datasets = read_manifest(root)["datasets"]
+    entry = datasets.get(name)
     if not entry or entry.get("recipe") != DATASETS[name].recipe:
         return False
+    for dep in DATASETS[name].deps:  # built from the dependency's current files?
+        first = sorted(datasets.get(dep, {}).get("files", {}).items())[:1]
+        if not first or entry["sources"].get(dep, {}).get("sha256") != first[0][1]["sha256"]:
+            return False
     return all(os.path.isfile(os.path.join(root, rel)) and
                os.path.getsize(os.path.join(root, rel)) == info["bytes"]
                for rel, info in entry["files"].items())
