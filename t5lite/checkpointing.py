@@ -54,6 +54,14 @@ def _is_tf_iterator(it) -> bool:
     return isinstance(it, tf.data.Iterator)
 
 
+def _configure_orbax() -> None:
+    """On CPU, save each array from one replica: orbax's replica-parallel default slices every
+    replicated shard with a separate small jit (seconds per save for nothing on host memory)."""
+    if jax.default_backend() == "cpu":
+        ocp.type_handlers.register_type_handler(
+            jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+
+
 class Checkpointer:
     """Owns workdir/checkpoints and workdir/data_state for one training run."""
 
@@ -62,6 +70,7 @@ class Checkpointer:
         self.dir = os.path.join(self.workdir, "checkpoints")
         self.data_dir = os.path.join(self.workdir, "data_state")
         self.cfg = ckpt_cfg
+        _configure_orbax()
         self.manager = ocp.CheckpointManager(
             self.dir,
             options=ocp.CheckpointManagerOptions(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 
 import jax
 import jax.extend as jex
@@ -65,6 +66,20 @@ def matmul_flops(fn, *args, **kwargs) -> int:
     return _jaxpr_matmul_flops(closed.jaxpr)
 
 
+def _summary_writer_cls():
+    """tensorboardX.SummaryWriter without its optional `import torch` (seconds of start-up,
+    only used to accept torch tensors); a torch already imported is left alone."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError inside tensorboardX
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsLogger:
     """One call per logged step; writes bar / TensorBoard / JSONL on process 0 only."""
 
@@ -77,8 +92,7 @@ class MetricsLogger:
             return
         epath.Path(workdir).mkdir(parents=True, exist_ok=True)  # epath: workdir may be gs://
         self._truncate_after(start_step)
-        from tensorboardX import SummaryWriter
-        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
+        self.tb = _summary_writer_cls()(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
         if progress_bar:
             from tqdm import tqdm
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step",

@@ -23,7 +23,7 @@ def read_metrics(workdir, split="train"):
     return {r["step"]: r for r in rows if r["split"] == split}
 
 
-@pytest.mark.parametrize("arch", ["encoder_decoder"])
+@pytest.mark.parametrize("arch", ["decoder_only"])
 def test_grad_accumulation_equals_one_big_batch(arch):
     cfg = tiny_config(arch, batch_size=32, lr=1.0)
     cfg.optim.eps = 1.0  # Adam's first update ~ lr * g / (|g| + 1): compares the gradients
