@@ -90,9 +90,18 @@ SOURCES = {
 }
 
 
+_TOOL_HINT = {"npm": "install Node.js and npm", "apt-get": "Debian/Ubuntu's apt is needed",
+              "dpkg-deb": "Debian/Ubuntu's dpkg is needed"}
+
+
 def _run(cmd: list[str], cwd: str = None, env: dict = None, timeout: int = 900):
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    try:
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except FileNotFoundError:
+        raise UserError(f"`{cmd[0]}` not found ({_TOOL_HINT.get(cmd[0], 'install it')}); it "
+                        f"is needed to run `{' '.join(cmd)}`. Prepare only other datasets "
+                        "with `t5lite data prepare NAME...`.") from None
 
 
 def _fetch_error(source: Source, cmd: list[str], proc) -> UserError:
