@@ -46,7 +46,9 @@ def make_data_dir(root: str) -> str:
         for split, n in (("train", {"sentiment": 300}.get(name, 100)), ("validation", 30),
                          ("test", 30)):
             with open(os.path.join(root, "finetune", name, f"{split}.tsv"), "w") as f:
-                for text in _prose(rng, vocab, n):
+                texts = ([" ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 8)))
+                          for _ in range(n)] if name == "sentiment" else _prose(rng, vocab, n))
+                for text in texts:
                     if name in labels:
                         target = rng.choice(labels[name])
                     else:
@@ -54,7 +56,7 @@ def make_data_dir(root: str) -> str:
                     f.write(f"{text}\t{target}\n")
     os.makedirs(os.path.join(root, "vocab"), exist_ok=True)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(docs), model_prefix=os.path.join(root, "vocab", "t5lite_sp8k"),
+        sentence_iterator=iter(docs + [" ".join(sum(labels.values(), []))] * 200), model_prefix=os.path.join(root, "vocab", "t5lite_sp8k"),
         vocab_size=600, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
         byte_fallback=True, num_threads=1, minloglevel=2)
     open(done, "w").close()

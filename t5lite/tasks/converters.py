@@ -63,7 +63,13 @@ class EncoderFeatureConverter(seqio.FeatureConverter):
     def _convert_features(self, ds, task_feature_lengths):
         sequence_lengths = {k: v for k, v in task_feature_lengths.items()
                             if k not in EXAMPLE_EXTRAS}
+        shifted = [k for k in SEQUENCE_EXTRAS if k in sequence_lengths] if self.pack else []
+        # seqio's packer measures each feature by its non-zero entries, so 0/1 features
+        # travel as 1/2 and come back after packing (padding stays 0).
+        ds = ds.map(lambda x: {k: v + 1 if k in shifted else v for k, v in x.items()})
         ds = self._pack_or_pad(ds, sequence_lengths)
+        ds = ds.map(lambda x: {k: tf.maximum(v - 1, 0) if k in shifted else v
+                               for k, v in x.items()})
 
         def convert(x):
             d = {"encoder_input_tokens": x["inputs"],

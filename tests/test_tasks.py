@@ -1,0 +1,200 @@
+"""Registered tasks and mixtures, get_dataset per architecture, determinism, a user's task."""
+
+import importlib
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import seqio
+
+import tasks_testdata
+from t5lite.errors import UserError
+
+ENC_DEC = {"encoder_input_tokens", "encoder_segment_ids", "encoder_positions",
+           "decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights",
+           "decoder_segment_ids", "decoder_positions"}
+DEC = {"decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights",
+       "decoder_segment_ids", "decoder_positions"}
+ENC = {"encoder_input_tokens", "encoder_target_tokens", "encoder_loss_weights",
+       "encoder_segment_ids", "encoder_positions"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("t5lite_data"))
+    restore = tasks_testdata.use_data_dir(root)
+    import t5lite.tasks  # noqa: F401
+    yield root
+    restore()
+
+
+def _batches(name, arch, lengths, n=2, **kwargs):
+    from t5lite.tasks import pipeline
+    kwargs = {"batch_size": 4, "seed": 1, **kwargs}
+    ds = pipeline.get_dataset(name, lengths, arch, **kwargs)
+    return [b for _, b in zip(range(n), ds.as_numpy_iterator())]
+
+
+def test_builtin_names_registered(data_dir):
+    names = set(seqio.TaskRegistry.names())
+    for objective in ("span_corruption", "iid_denoising", "bert_denoising", "mass_denoising",
+                      "drop_tokens", "deshuffling", "prefix_lm", "lm", "mlm", "mlm_only"):
+        assert f"corpus_{objective}" in names
+    assert {"corpus_span_corruption_t5", "corpus_lm_gpt2", "corpus_mlm_bert", "sentiment",
+            "translate_en_de", "summarize_debian", "topic_debian", "sentiment_cls"} <= names
+    assert {"finetune_local", "finetune_local_temperature", "finetune_local_equal",
+            "pretrain_finetune_local"} <= set(seqio.MixtureRegistry.names())
+
+
+def test_missing_data_says_how_to_prepare(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("T5LITE_DATA_DIR", str(tmp_path))
+    with pytest.raises(UserError, match="t5lite data prepare corpus"):
+        _batches("corpus_span_corruption", "encoder_decoder", {"inputs": 64, "targets": 16})
+    with pytest.raises(UserError, match="t5lite data prepare sentiment"):
+        _batches("sentiment", "encoder_decoder", {"inputs": 64, "targets": 8})
+
+
+@pytest.mark.parametrize("task,arch,lengths,pack,keys", [
+    ("corpus_span_corruption", "encoder_decoder", {"inputs": 64, "targets": 16}, True, ENC_DEC),
+    ("corpus_lm", "decoder_only", {"targets": 64}, True, DEC),
+    ("corpus_prefix_lm", "prefix_lm", {"inputs": 32, "targets": 32}, True,
+     DEC | {"decoder_causal_attention"}),
+    ("corpus_mlm_only", "encoder_only", {"inputs": 64}, True, ENC),
+    ("corpus_mlm", "encoder_only", {"inputs": 64}, False,
+     {"encoder_input_tokens", "encoder_target_tokens", "encoder_loss_weights",
+      "encoder_token_type_ids", "nsp_labels"}),
+    ("sentiment", "decoder_only", {"inputs": 64, "targets": 8}, True, DEC),
+    ("sentiment_cls", "encoder_only", {"inputs": 64}, False,
+     {"encoder_input_tokens", "encoder_target_tokens", "encoder_loss_weights", "class_labels"}),
+])
+def test_converter_contract_keys_and_packing(data_dir, task, arch, lengths, pack, keys):
+    b = _batches(task, arch, lengths, n=1, pack=pack, shuffle=False)[0]
+    assert set(b) == keys
+    for k, v in b.items():
+        assert v.dtype == np.int32
+        if k in ("nsp_labels", "class_labels"):
+            assert v.shape == (4,)
+        else:
+            side = "inputs" if k.startswith("encoder") else "targets"
+            length = lengths[side]
+            if arch in ("decoder_only", "prefix_lm") and "inputs" in lengths:
+                length = lengths["inputs"] + lengths["targets"]  # prefix + targets in one row
+            assert v.shape == (4, length), k
+    for prefix in ("encoder", "decoder"):
+        if f"{prefix}_segment_ids" in b:
+            segments = b[f"{prefix}_segment_ids"]
+            assert segments.min() >= 0 and segments.max() >= 1
+            if task in ("sentiment", "corpus_prefix_lm"):  # short examples share a row
+                assert segments.max() > 1
+            # Pretraining chunks fill their rows (no packing needed).
+    if "decoder_loss_weights" in b and task == "sentiment":
+        # Loss only on the targets: few positions per example.
+        assert b["decoder_loss_weights"].sum() < b["decoder_segment_ids"].astype(bool).sum()
+    if "encoder_loss_weights" in b and task != "sentiment_cls":
+        frac = b["encoder_loss_weights"].sum() / (b["encoder_input_tokens"] > 0).sum()
+        assert 0.05 < frac < 0.3
+    if "nsp_labels" in b:
+        assert set(np.unique(b["nsp_labels"])) <= {0, 1}
+
+
+def test_wrong_architecture_or_lengths_raise(data_dir):
+    with pytest.raises(UserError, match="no inputs/targets pair"):
+        _batches("corpus_lm", "encoder_decoder", {"inputs": 64, "targets": 64})
+    with pytest.raises(UserError, match="lacks inputs"):
+        _batches("corpus_span_corruption", "encoder_decoder", {"targets": 64})
+    with pytest.raises(UserError, match="pack=False"):
+        _batches("corpus_mlm", "encoder_only", {"inputs": 64}, pack=True)
+    with pytest.raises(UserError, match="Did you mean"):
+        _batches("corpus_span_corruptoin", "encoder_decoder", {"inputs": 64, "targets": 16})
+
+
+def test_same_seed_same_batches_and_shards(data_dir):
+    def same(x, y):
+        return all(np.array_equal(x[k], y[k]) for k in x)
+
+    # Random preprocessors (span corruption noise) ...
+    lengths = {"inputs": 64, "targets": 16}
+    a, b, c = (_batches("corpus_span_corruption", "encoder_decoder", lengths, n=1, seed=s,
+                        shuffle=False)[0] for s in (7, 7, 8))
+    assert same(a, b) and not same(a, c)
+    # ... and shuffling.
+    lengths = {"inputs": 64, "targets": 8}
+    a, b, c = (_batches("sentiment", "encoder_decoder", lengths, n=1, seed=s)[0]
+               for s in (7, 7, 8))
+    assert same(a, b) and not same(a, c)
+    shards = [_batches("sentiment", "encoder_decoder", {"inputs": 64, "targets": 8}, n=1,
+                       shuffle=False, split="validation", num_epochs=1,
+                       shard_info=seqio.ShardInfo(i, 2))[0] for i in range(2)]
+    assert not np.array_equal(shards[0]["encoder_input_tokens"],
+                              shards[1]["encoder_input_tokens"])
+
+
+def test_eval_epoch_is_finite(data_dir):
+    batches = _batches("sentiment", "encoder_decoder", {"inputs": 64, "targets": 8}, n=100,
+                       split="validation", num_epochs=1, shuffle=False, pack=False,
+                       drop_remainder=False)
+    assert sum(len(b["encoder_input_tokens"]) for b in batches) == 30
+
+
+def test_mixture_rates_and_sampling(data_dir):
+    from t5lite.tasks import registry
+    mix = seqio.get_mixture_or_task("finetune_local")
+    rate = {t.name: mix.get_rate(t) for t in mix.tasks}
+    assert rate["sentiment"] == 300 and rate["topic_debian"] == 100  # min(N, 2**16)
+    mix_t = seqio.get_mixture_or_task("finetune_local_temperature")
+    assert mix_t.get_rate(seqio.get_mixture_or_task("sentiment")) == pytest.approx(300 ** 0.5)
+    mix_e = seqio.get_mixture_or_task("finetune_local_equal")
+    assert {mix_e.get_rate(t) for t in mix_e.tasks} == {1.0}
+    capped = registry.register_mixture("test_capped", ["sentiment", "topic_debian"],
+                                       "proportional", cap=150)
+    assert [capped.get_rate(t) for t in capped.tasks] == [150, 100]
+    registry.register_mixture("test_mix", ["sentiment", "topic_debian"], "proportional")
+    ds = seqio.get_mixture_or_task("test_mix").get_dataset(
+        {"inputs": 64, "targets": 8}, split="train", shuffle=True, seed=0, num_epochs=None)
+    vocab = seqio.get_mixture_or_task("sentiment").output_features["targets"].vocabulary
+    labels = {tuple(vocab.encode(w)) + (1,) for w in ("positive", "negative")}
+    sentiment = sum(tuple(ex["targets"]) in labels for ex in ds.take(800).as_numpy_iterator())
+    assert abs(sentiment / 800 - 0.75) < 0.05
+
+
+def test_every_local_finetune_task_reads(data_dir):
+    from t5lite.tasks import registry
+    for name, (prefix, fns, _) in registry.FINETUNE.items():
+        task = seqio.get_mixture_or_task(name)
+        ex = next(task.get_dataset({"inputs": 64, "targets": 16}, split="validation",
+                                   shuffle=False).as_numpy_iterator())
+        assert ex["inputs_pretokenized"].decode().startswith(prefix + " ")
+        assert ex["targets"][-1] == 1  # EOS
+        target = ex["targets_pretokenized"].decode()
+        for fn in task.metric_fns:
+            assert max(fn([target], [target]).values()) == pytest.approx(100.0)
+
+
+def test_inspect(data_dir):
+    from t5lite.tasks import inspect
+    table = inspect.list_tasks()
+    assert "corpus_span_corruption" in table and "finetune_local" in table
+    shown = inspect.show_task("sentiment", split="validation", num_examples=2)
+    assert shown.count("--- example") == 2 and "sst2 sentence:" in shown
+    shown = inspect.show_task("corpus_span_corruption", num_examples=1)
+    assert "<extra_id_0>" in shown
+
+
+def test_user_example_task(data_dir, tmp_path, monkeypatch):
+    for src, dst in (("finetune/sentiment/train.tsv", "train.tsv"),
+                     ("finetune/sentiment/validation.tsv", "dev.tsv"),
+                     ("corpus/train.txt", "corpus.txt")):
+        shutil.copy(os.path.join(data_dir, src), tmp_path / dst)
+    monkeypatch.setenv("MY_DATA", str(tmp_path))
+    sys.modules.pop("example_user_task", None)
+    importlib.import_module("example_user_task")
+    b = _batches("my_reviews", "encoder_decoder", {"inputs": 64, "targets": 8}, n=1,
+                 split="validation", num_epochs=1)[0]
+    assert set(b) == ENC_DEC
+    b = _batches("my_corpus_denoising", "encoder_decoder", {"inputs": 128, "targets": 128},
+                 n=1)[0]
+    # 50% noise in spans of 10: the targets hold about as many tokens as the inputs.
+    ratio = (b["decoder_target_tokens"] > 0).sum() / (b["encoder_input_tokens"] > 0).sum()
+    assert 0.7 < ratio < 1.3
