@@ -33,8 +33,8 @@ class Block(nn.Module):
     decoder blocks ``self_attention``, ``encoder_decoder_attention`` with
     ``pre_self_attention_layer_norm`` / ``pre_cross_attention_layer_norm``; both ``mlp`` and
     ``pre_mlp_layer_norm``. Post-norm blocks name the norms ``post_*`` instead of ``pre_*``.
-    ``ctx`` holds the arrays shared by all layers: bias, rope_pos, cache_index, encoded,
-    cross_bias (missing keys are unused).
+    ``ctx`` holds the arrays shared by all layers: bias (mask, [B, 1, T, S]), pos_bias
+    (relative / ALiBi, [1 or B, H, T, S]), rope_pos, cache_index, encoded, cross_bias.
     """
 
     cfg: object
@@ -57,8 +57,9 @@ class Block(nn.Module):
             return y if cfg.pre_norm else norm(y)
 
         stem = "self_attention" if self.decoder else "attention"
+        bias = ctx["bias"] + ctx["pos_bias"] if "pos_bias" in ctx else ctx["bias"]
         x_BLD = sublayer(x_BLD, stem, lambda y: L.MultiHeadAttention(cfg, name=stem)(
-            y, y, ctx["bias"], ctx.get("rope_pos"), deterministic, decode, ctx.get("cache_index")))
+            y, y, bias, ctx.get("rope_pos"), deterministic, decode, ctx.get("cache_index")))
         if self.cross and "encoded" in ctx:
             x_BLD = sublayer(x_BLD, "cross_attention", lambda y: L.MultiHeadAttention(
                 cfg, cross=True, name="encoder_decoder_attention")(
@@ -183,12 +184,14 @@ class Stack(nn.Module):
             x_BLD, mask_BLS, positions_BL = peft.prepend_prompt(
                 self.prompt, x_BLD, mask_BLS, q_valid_BL, positions_BL)
             k_pos_BS = positions_BL
-        bias = L.attention_bias(mask_BLS)
-        if cfg.position == "relative":
-            bias = bias + self.relpos_bias(positions_BL, k_pos_BS)
-        elif cfg.position == "alibi":
-            bias = bias + L.alibi_bias(positions_BL, k_pos_BS, cfg.num_heads)
-        ctx = {"bias": bias}
+        ctx = {"bias": L.attention_bias(mask_BLS)}
+        if cfg.position in ("relative", "alibi"):
+            if not decode:  # slot offsets equal position offsets inside a (packed) segment, so
+                q_pos, k_pos = (jnp.arange(t)[None],) * 2  # a [1, H, L, L] bias serves the batch
+            else:
+                q_pos, k_pos = positions_BL, k_pos_BS
+            ctx["pos_bias"] = (self.relpos_bias(q_pos, k_pos) if cfg.position == "relative"
+                               else L.alibi_bias(q_pos, k_pos, cfg.num_heads))
         if decode:
             ctx["cache_index"] = index
         if cfg.position == "rope":
