@@ -1,5 +1,5 @@
 """Losses: token cross entropy (z-loss, label smoothing, T5 normalisation), BERT MLM + NSP,
-sequence classification.
+finetuning heads (sequence classification, token tagging, QA spans).
 
 Every term is a *sum* divided by a normaliser computed from the whole (global) batch. With
 gradient accumulation the train step computes the normalisers once for the full batch and passes
@@ -55,29 +55,69 @@ def normalizers(cfg, batch) -> dict:
         out["loss"] = (jnp.float32(cfg.train.loss_normalizing_factor)
                        if cfg.train.loss_normalizing_factor else out["tokens"])
     out["examples"] = jnp.float32(next(iter(batch.values())).shape[0])  # NSP / classification
+    if "token_labels" in batch:  # tagging: labelled (first sub-)tokens
+        out["tagged"] = jnp.maximum(jnp.sum(_tag_weights(batch)), 1.0)
     return out
+
+
+HEAD_OUTPUTS = ("class_logits", "token_logits", "start_logits")
+
+
+def _tag_weights(batch):
+    """token_label_weights (1 on the first sub-token of each word), else every real token."""
+    if "token_label_weights" in batch:
+        return batch["token_label_weights"].astype(jnp.float32)
+    return (batch["encoder_input_tokens"] != 0).astype(jnp.float32)
+
+
+def head_losses(cfg, outputs: dict, batch: dict, norms: dict):
+    """Finetuning heads (summed when several are present) -> (loss, metrics):
+    class_logits [B, C] vs class_labels [B]; token_logits [B, L, C] vs token_labels [B, L]
+    weighted by token_label_weights; start/end_logits [B, L] vs start/end_positions [B]."""
+    loss, metrics = 0.0, {}
+    ex = norms["examples"]
+    if "class_logits" in outputs:
+        ce, _ = cross_entropy_with_logits(outputs["class_logits"], batch["class_labels"],
+                                          cfg.train.label_smoothing)
+        correct = jnp.argmax(outputs["class_logits"], -1) == batch["class_labels"]
+        metrics["class_loss"] = jnp.sum(ce) / ex
+        metrics["accuracy"] = jnp.sum(correct) / ex
+        loss = loss + metrics["class_loss"]
+    if "token_logits" in outputs:
+        w = _tag_weights(batch)
+        labels = batch["token_labels"]
+        ce, _ = cross_entropy_with_logits(outputs["token_logits"], labels,
+                                          cfg.train.label_smoothing)
+        correct = (jnp.argmax(outputs["token_logits"], -1) == labels).astype(jnp.float32) * w
+        metrics["token_loss"] = jnp.sum(ce * w) / norms["tagged"]
+        metrics["token_accuracy"] = jnp.sum(correct) / norms["tagged"]
+        loss = loss + metrics["token_loss"]
+    if "start_logits" in outputs:
+        s_ce, _ = cross_entropy_with_logits(outputs["start_logits"], batch["start_positions"])
+        e_ce, _ = cross_entropy_with_logits(outputs["end_logits"], batch["end_positions"])
+        exact = ((jnp.argmax(outputs["start_logits"], -1) == batch["start_positions"])
+                 & (jnp.argmax(outputs["end_logits"], -1) == batch["end_positions"]))
+        metrics["span_loss"] = jnp.sum(s_ce + e_ce) / (2.0 * ex)
+        metrics["span_exact"] = jnp.sum(exact) / ex
+        loss = loss + metrics["span_loss"]
+    metrics["loss"] = loss
+    return loss, metrics
 
 
 def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
     """-> (scalar loss, metrics). Metrics are already divided by the batch normalisers, so they
     add up over micro-batches.
 
-    - "class_logits" present: classification loss only (finetuning with a head).
+    - a finetuning head's outputs present ("class_logits", "token_logits", "start_logits"):
+      those heads' losses only (head_losses).
     - otherwise token cross entropy over the target tokens (LM / T5 / BERT MLM), plus the NSP
       loss when "nsp_logits" is present (BERT pretraining).
     """
     if norms is None:
         norms = normalizers(cfg, batch)
     metrics = {}
-    if "class_logits" in outputs:
-        ce, _ = cross_entropy_with_logits(outputs["class_logits"], batch["class_labels"],
-                                          cfg.train.label_smoothing)
-        correct = jnp.argmax(outputs["class_logits"], -1) == batch["class_labels"]
-        loss = jnp.sum(ce) / norms["examples"]
-        metrics["class_loss"] = loss
-        metrics["accuracy"] = jnp.sum(correct) / norms["examples"]
-        metrics["loss"] = loss
-        return loss, metrics
+    if any(k in outputs for k in HEAD_OUTPUTS):
+        return head_losses(cfg, outputs, batch, norms)
 
     t_key, w_key = _token_keys(batch)
     if t_key is None:

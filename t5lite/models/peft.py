@@ -384,20 +384,40 @@ def save_peft(path: str, cfg, params) -> None:
     trained params, marked by a ``peft_only.json`` (their paths and counts). A few KB to MB
     instead of the whole model; ``load_peft`` puts it on top of a base checkpoint."""
     import orbax.checkpoint as ocp
+    from etils import epath
     from t5lite import config as config_lib
-    path = os.path.abspath(path)
+    path = _abspath(path)
     subset = peft_subset(cfg, params)
     if jax.process_index() == 0:
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump(config_lib.to_dict(cfg), f, indent=2)
+        d = epath.Path(path)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
         train, total = count_trainable(params, trainable_mask(cfg, params))
-        with open(os.path.join(path, PEFT_MARKER), "w") as f:
-            json.dump({"trainable_params": train, "model_params": total,
-                       "paths": sorted(path_str(p) for p, _ in _leaves(subset)[0])}, f, indent=1)
+        (d / PEFT_MARKER).write_text(json.dumps(
+            {"trainable_params": train, "model_params": total,
+             "paths": sorted(path_str(p) for p, _ in _leaves(subset)[0])}, indent=1))
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(os.path.join(path, "params"), subset, force=True)
     ckptr.wait_until_finished()
+
+
+def _abspath(path: str) -> str:
+    return path if "://" in path else os.path.abspath(path)
+
+
+def save_with_checkpoint(cfg, workdir: str, step: int, params) -> None:
+    """Trainer hook: with PEFT on (and model.peft.save_peft_params), write workdir/peft/<step>/
+    beside checkpoints/<step>/ and keep the newest checkpoint.keep of them."""
+    from etils import epath
+    if not (enabled(cfg) and _peft(cfg).save_peft_params):
+        return
+    root = epath.Path(_abspath(workdir)) / "peft"
+    save_peft(str(root / str(step)), cfg, params)
+    keep = cfg.checkpoint.keep
+    if jax.process_index() == 0 and keep > 0:
+        steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+        for old in steps[:-keep]:
+            (root / str(old)).rmtree()
 
 
 def load_peft(path: str, base_params):
@@ -405,15 +425,19 @@ def load_peft(path: str, base_params):
     model, or a fresh init) with the saved PEFT params of ``path`` put on top."""
     import orbax.checkpoint as ocp
     from t5lite import config as config_lib
-    path = os.path.abspath(path)
-    cfg_file = os.path.join(path, "config.json")
-    if not os.path.exists(os.path.join(path, PEFT_MARKER)) or not os.path.exists(cfg_file):
+    from etils import epath
+    path = _abspath(path)
+    cfg_file = epath.Path(path) / "config.json"
+    if not (epath.Path(path) / PEFT_MARKER).exists() or not cfg_file.exists():
         raise UserError(f"{path} is not a PEFT params dir (config.json + {PEFT_MARKER} + "
                         "params/), as written by peft.save_peft / training with "
-                        "model.peft.save_peft_params")
-    with open(cfg_file) as f:
-        cfg = config_lib.from_dict(json.load(f))
-    saved = ocp.StandardCheckpointer().restore(os.path.join(path, "params"))
+                        "model.peft.save_peft_params (workdir/peft/<step>)")
+    cfg = config_lib.from_dict(json.loads(cfg_file.read_text()))
+    ckptr = ocp.StandardCheckpointer()
+    meta = ckptr.metadata(os.path.join(path, "params")).item_metadata.tree
+    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    saved = ckptr.restore(os.path.join(path, "params"), jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev), meta))
     flat_saved = {path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
     leaves, treedef = _leaves(base_params)
     base_keys = {path_str(p) for p, _ in leaves}
@@ -479,11 +503,12 @@ def export_merged(checkpoint: str, out_dir: str) -> str:
     from t5lite import config as config_lib
     cfg, params = checkpointing.load_params(checkpoint)
     cfg, params = merge_lora(cfg, params)
-    out_dir = os.path.abspath(out_dir)
+    from etils import epath
+    out_dir = _abspath(out_dir)
     if jax.process_index() == 0:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump(config_lib.to_dict(cfg), f, indent=2)
+        epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (epath.Path(out_dir) / "config.json").write_text(
+            json.dumps(config_lib.to_dict(cfg), indent=2))
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(os.path.join(out_dir, "params"), params, force=True)
     ckptr.wait_until_finished()

@@ -1,0 +1,346 @@
+"""PEFT: identity at init, trainable counts, frozen params bit-identical through the real train
+step, no optimizer state for frozen params, gradual unfreezing without recompiles, LoRA merge,
+PEFT-only save / load, and a trainer run that writes workdir/peft/<step>."""
+
+import dataclasses
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from t5lite import config as config_lib
+from t5lite import partitioning, trainer
+from t5lite.config import ModelConfig, PeftConfig
+from t5lite.errors import UserError
+from t5lite.models import build_model, dummy_batch, peft
+
+D, H, K, F, NL = 32, 4, 8, 64, 2
+
+
+def tiny(arch="encoder_decoder", scan=True, **peft_kw) -> ModelConfig:
+    return ModelConfig(architecture=arch, vocab_size=64, d_model=D, num_heads=H, head_dim=K,
+                       d_ff=F, num_encoder_layers=NL, num_decoder_layers=NL, dropout_rate=0.0,
+                       scan_layers=scan, peft=PeftConfig(**peft_kw))
+
+
+def random_batch(cfg, b=2, n_in=8, n_tgt=6, seed=0):
+    batch = dummy_batch(cfg, b, {"inputs": n_in, "targets": n_tgt})
+    rng = np.random.default_rng(seed)
+    for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
+              "encoder_target_tokens"):
+        if k in batch:
+            batch[k] = rng.integers(1, cfg.vocab_size, batch[k].shape).astype(np.int32)
+    for k in ("encoder_positions", "decoder_positions"):
+        if k in batch:
+            batch[k] = np.broadcast_to(np.arange(batch[k].shape[1]), batch[k].shape).astype(
+                np.int32)
+    if "encoder_input_tokens" in batch and b > 1:  # some padding at the end of row 1
+        batch["encoder_input_tokens"][1, -2:] = 0
+    return batch
+
+
+def init(cfg, batch, seed=0):
+    model = build_model(cfg)
+    v = model.init({"params": jax.random.key(seed), "dropout": jax.random.key(1)}, batch)
+    return model, nn.meta.unbox(v["params"])
+
+
+def flat(params):
+    return {peft.path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def base_only(params):
+    """The params without the PEFT leaves (what the base model has)."""
+    return peft.flax_unflatten({k: v for k, v in flat(params).items()
+                                if not peft.is_peft_param(k)})
+
+
+def base_cfg(cfg):
+    return dataclasses.replace(cfg, peft=PeftConfig())
+
+
+def forward(model, params, batch):
+    return jax.jit(lambda p, b: model.apply({"params": p}, b))(params, batch)
+
+
+# ----------------------------------------------------------------------------- init / identity
+
+
+IDENTITY = dict(lora_rank=4, lora_targets=("query", "value", "wi"), adapter_dim=5, ia3=True)
+
+
+@pytest.mark.parametrize("arch,scan,method", [
+    ("encoder_decoder", True, IDENTITY),
+    ("decoder_only", False, IDENTITY),
+    pytest.param("encoder_decoder", False, dict(lora_rank=4), marks=pytest.mark.slow),
+    pytest.param("encoder_decoder", True, dict(adapter_dim=5), marks=pytest.mark.slow),
+    pytest.param("encoder_only", True, dict(ia3=True), marks=pytest.mark.slow),
+])
+def test_identity_init_equals_base_model(arch, scan, method):
+    """LoRA (B = 0), adapters (up = 0) and (IA)^3 (ones) start as the base model."""
+    cfg = tiny(arch, scan=scan, **method)
+    batch = random_batch(cfg)
+    model, params = init(cfg, batch)
+    names = {k.split("/")[-1] for k in flat(params) if peft.is_peft_param(k)}
+    assert names, "no PEFT params"
+    base_model = build_model(base_cfg(cfg))
+    out = forward(model, params, batch)["logits"]
+    ref = forward(base_model, base_only(params), batch)["logits"]
+    np.testing.assert_allclose(out, ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("arch,method,scan", [
+    ("encoder_decoder", dict(prompt_tokens=3, prefix_tokens=2), True),
+    ("decoder_only", dict(prompt_tokens=3), False),
+    pytest.param("encoder_only", dict(prompt_tokens=3), True, marks=pytest.mark.slow),
+    pytest.param("encoder_decoder", dict(prefix_tokens=2), False, marks=pytest.mark.slow),
+    pytest.param("decoder_only", dict(prefix_tokens=2), True, marks=pytest.mark.slow),
+])
+def test_prompt_and_prefix_run_finite_and_change_outputs(arch, method, scan):
+    cfg = tiny(arch, scan=scan, **method)
+    batch = random_batch(cfg)
+    model, params = init(cfg, batch)
+    out = forward(model, params, batch)["logits"]
+    ref = forward(build_model(base_cfg(cfg)), base_only(params), batch)["logits"]
+    assert out.shape == ref.shape  # the soft prompt is stripped from the outputs
+    assert bool(jnp.all(jnp.isfinite(out)))
+    assert not np.allclose(out, ref, atol=1e-4)
+
+
+def test_prompt_does_not_leak_between_packed_segments():
+    """Two packed examples in one row give the same outputs as each alone."""
+    cfg = tiny("encoder_only", prompt_tokens=3)
+    b = random_batch(cfg, b=1, n_in=8)
+    tokens = b["encoder_input_tokens"].copy()
+    tokens[:] = np.arange(1, 9)
+    packed = dict(b, encoder_input_tokens=tokens,
+                  encoder_segment_ids=np.array([[1, 1, 1, 1, 2, 2, 2, 2]], np.int32),
+                  encoder_positions=np.array([[0, 1, 2, 3, 0, 1, 2, 3]], np.int32))
+    model, params = init(cfg, packed)
+    out = forward(model, params, packed)["logits"]
+    second = dict(packed, encoder_input_tokens=np.concatenate([tokens[:, 4:], 0 * tokens[:, 4:]],
+                                                              1),
+                  encoder_segment_ids=np.array([[1, 1, 1, 1, 0, 0, 0, 0]], np.int32),
+                  encoder_positions=np.array([[0, 1, 2, 3, 0, 0, 0, 0]], np.int32))
+    alone = forward(model, params, second)["logits"]
+    np.testing.assert_allclose(out[:, 4:], alone[:, :4], atol=1e-5)
+
+
+def test_prefix_tuning_decodes_with_cache_like_the_full_forward():
+    from t5lite.models import init_cache
+    cfg = tiny("decoder_only", prefix_tokens=2)
+    batch = random_batch(cfg, n_tgt=5)
+    model, params = init(cfg, batch)
+    full = forward(model, params, batch)["logits"]
+    cache = init_cache(model, params, 2, 5)
+    step = jax.jit(lambda c, t: model.apply({"params": params, "cache": c}, t, decode=True,
+                                            mutable=["cache"], method="decode"))
+    outs = []
+    for i in range(5):
+        logits, mutated = step(cache, batch["decoder_input_tokens"][:, i:i + 1])
+        cache = mutated["cache"]
+        outs.append(logits)
+    np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=1e-4, rtol=1e-4)
+
+
+def test_prompt_tuning_refuses_cached_decoding_of_decoder_only():
+    from t5lite.models import init_cache
+    cfg = tiny("decoder_only", prompt_tokens=2)
+    model, params = init(cfg, random_batch(cfg))
+    with pytest.raises(UserError, match="prefix tuning"):
+        init_cache(model, params, 2, 5)
+
+
+# ----------------------------------------------------------------------------- counts
+
+
+def test_trainable_counts_per_method():
+    r, n, a = 4, 3, 5
+    arch = "encoder_only"  # one stack of NL layers, no fresh heads (num_classes=0)
+    expected = {
+        "lora": (dict(lora_rank=r, lora_targets=("query", "value", "wo")),
+                 NL * (2 * (D * r + r * H * K) + (F * r + r * D))),
+        "prompt": (dict(prompt_tokens=n), n * D),
+        "prefix": (dict(prefix_tokens=n), NL * 2 * n * H * K),
+        "adapters": (dict(adapter_dim=a), NL * 2 * (D * a + a + a * D + D)),
+        "ia3": (dict(ia3=True), NL * (2 * H * K + F)),
+    }
+    base_total = None
+    for name, (kw, want) in expected.items():
+        for scan in (True, False):
+            cfg = tiny(arch, scan=scan, **kw)
+            _, params = init(cfg, random_batch(cfg))
+            train, total = peft.count_trainable(params, peft.trainable_mask(cfg, params))
+            assert train == want, (name, scan)
+            if base_total is None:
+                _, bp = init(base_cfg(cfg), random_batch(cfg))
+                base_total = peft.count_trainable(bp)[1]
+            assert total == base_total + want, (name, scan)
+            assert f"trainable params: {want:,} of {total:,}" in peft.describe(cfg, params)
+    # a fresh classifier head trains too (train_also), and freeze globs win
+    cfg = dataclasses.replace(tiny(arch, lora_rank=r), num_classes=3)
+    _, params = init(cfg, random_batch(cfg))
+    lora = NL * 2 * (D * r + r * H * K)
+    assert peft.count_trainable(params, peft.trainable_mask(cfg, params))[0] == lora + D * 3 + 3
+    cfg.peft.freeze = ("encoder/layers/attention/value/*",)
+    assert (peft.count_trainable(params, peft.trainable_mask(cfg, params))[0]
+            == lora // 2 + D * 3 + 3)
+
+
+def test_freezing_alone_and_everything_frozen_error():
+    cfg = tiny("encoder_only", freeze=("token_embedder/*", "encoder/layers/*"))
+    _, params = init(cfg, random_batch(cfg))
+    f = flat(params)
+    want = sum(math.prod(v.shape) for k, v in f.items()
+               if not k.startswith(("token_embedder/", "encoder/layers/")))
+    assert peft.count_trainable(params, peft.trainable_mask(cfg, params))[0] == want
+    cfg.peft.freeze = ("*",)
+    with pytest.raises(UserError, match="no parameter trainable"):
+        peft.trainable_mask(cfg, params)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def full_config(arch, scan, **peft_kw):
+    cfg = config_lib.Config(name="peft_test")
+    cfg.model = dataclasses.replace(tiny(arch, scan=scan, **peft_kw), position="learned",
+                                    max_length=32)
+    cfg.data.feature_lengths = {"inputs": 8, "targets": 6}
+    cfg.data.batch_size = 8
+    cfg.optim = config_lib.OptimizerConfig(name="adamw", learning_rate=1e-2, schedule="constant",
+                                           warmup_steps=0, weight_decay=0.1)
+    cfg.train.steps = 4
+    return cfg
+
+
+def run_steps(cfg, steps, batch_seed=0):
+    model = build_model(cfg.model)
+    mesh = partitioning.make_mesh(cfg.mesh)
+    tx = peft.make_optimizer(cfg, cfg.train.steps)
+    state, shardings = trainer.create_train_state(cfg, model, mesh, tx)
+    params0 = jax.device_get(state.params)
+    opt_size = sum(x.size for x in jax.tree.leaves(state.opt_state))
+    step = trainer.make_train_step(cfg, model, tx, mesh, shardings)
+    batch = random_batch(cfg.model, b=cfg.data.batch_size, seed=batch_seed)
+    batch = partitioning.global_batch(batch, partitioning.batch_sharding(mesh))
+    history, losses = [], []
+    for _ in range(steps):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+        history.append(jax.device_get(state.params))
+    return params0, history, losses, opt_size, step
+
+
+@pytest.mark.parametrize("arch,scan,method", [
+    ("encoder_decoder", True, dict(lora_rank=4)),
+    ("encoder_only", False, dict(adapter_dim=4, ia3=True, prompt_tokens=2, prefix_tokens=2)),
+    pytest.param("encoder_decoder", False,
+                 dict(lora_rank=4, lora_targets=("query", "value", "wi", "wo")),
+                 marks=pytest.mark.slow),
+    pytest.param("decoder_only", True, dict(adapter_dim=4, ia3=True), marks=pytest.mark.slow),
+])
+def test_frozen_params_bit_identical_after_training(arch, scan, method):
+    cfg = full_config(arch, scan, **method)
+    params0, history, losses, opt_size, _ = run_steps(cfg, 3)
+    mask = flat(peft.trainable_mask(cfg, params0))
+    before, after = flat(params0), flat(history[-1])
+    n_train = sum(before[k].size for k, t in mask.items() if t)
+    for k, t in mask.items():
+        if t:
+            assert not np.array_equal(before[k], after[k]) or k.endswith(("lora_a", "/bias")), k
+        else:
+            assert np.array_equal(before[k], after[k]), k  # bit-identical
+    # adamw state: mu and nu for the trainable params only (+ scalar counts)
+    assert 2 * n_train <= opt_size <= 2 * n_train + 16
+    assert losses[-1] < losses[0]
+
+
+def test_gradual_unfreezing_opens_top_layers_first_without_recompiling():
+    cfg = full_config("encoder_only", True, unfreeze_every=2, unfreeze_layers=1)
+    cfg.model.num_classes = 2
+    cfg.train.steps = 6
+    params0, history, _, _, step = run_steps(cfg, 6)
+    p0 = flat(params0)
+
+    def changed(i, key, layer=None):
+        a, b = p0[key], flat(history[i])[key]
+        if layer is not None:
+            a, b = a[layer], b[layer]
+        return not np.array_equal(a, b)
+
+    q = "encoder/layers/attention/query/kernel"
+    # steps 1-2: heads + top layer (1); steps 3-4: + layer 0; steps 5-6: + embeddings
+    assert changed(0, "class_dense/kernel") and changed(0, q, 1) and not changed(1, q, 0)
+    assert not changed(3, "token_embedder/embedding")
+    assert changed(2, q, 0)
+    assert changed(5, "token_embedder/embedding")
+    assert step.jitted._cache_size() == 1  # the schedule lives in the optimizer state
+
+
+# ----------------------------------------------------------------------------- merge / save
+
+
+@pytest.mark.parametrize("scan", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_merged_lora_equals_unmerged(scan):
+    cfg = tiny("encoder_decoder", scan=scan, lora_rank=4, lora_alpha=8.0,
+               lora_targets=("query", "key", "value", "out", "wi", "wo"))
+    batch = random_batch(cfg)
+    model, params = init(cfg, batch)
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, v: (jnp.asarray(rng.normal(0, 0.1, v.shape), v.dtype)
+                      if peft.path_str(p).endswith("lora_b") else v), params)
+    out = forward(model, params, batch)["logits"]
+    mcfg, merged = peft.merge_lora(cfg, params)
+    assert mcfg.peft.lora_rank == 0 and not any("lora" in k for k in flat(merged))
+    assert set(flat(merged)) == set(flat(base_only(params)))
+    ref = forward(build_model(mcfg), base_only(params), batch)["logits"]
+    assert not np.allclose(out, ref, atol=1e-3)  # LoRA is not a no-op here
+    np.testing.assert_allclose(forward(build_model(mcfg), merged, batch)["logits"], out,
+                               atol=2e-4, rtol=2e-4)
+
+
+def test_peft_only_save_and_load_on_top_of_base(tmp_path):
+    cfg = full_config("encoder_only", True, lora_rank=2, ia3=True)
+    cfg.model.num_classes = 2
+    _, params0 = init(cfg.model, random_batch(cfg.model))
+    rng = np.random.default_rng(0)
+    mask = flat(peft.trainable_mask(cfg, params0))
+    trained = peft.flax_unflatten({k: v + rng.normal(size=v.shape).astype(v.dtype)
+                                   if mask[k] else v for k, v in flat(params0).items()})
+    path = str(tmp_path / "peft")
+    peft.save_peft(path, cfg, trained)
+    saved_keys = set(flat(peft.peft_subset(cfg, trained)))
+    assert "class_dense/kernel" in saved_keys and "token_embedder/embedding" not in saved_keys
+    loaded_cfg, params = peft.load_peft(path, params0)  # the base = the untrained init
+    assert loaded_cfg == cfg
+    for k, v in flat(params).items():
+        np.testing.assert_array_equal(v, flat(trained)[k], err_msg=k)
+    with pytest.raises(UserError, match="not a PEFT params dir"):
+        peft.load_peft(str(tmp_path), params0)
+
+
+@pytest.mark.slow
+def test_trainer_logs_counts_and_writes_peft_params(tmp_path, capsys):
+    from train_helpers import synthetic_batches
+    cfg = full_config("decoder_only", True, lora_rank=2)
+    cfg.data.feature_lengths = {"targets": 8}
+    cfg.checkpoint.every_steps, cfg.checkpoint.keep = 2, 1
+    batches = synthetic_batches(cfg, cfg.train.steps)
+    workdir = str(tmp_path / "run")
+    trainer.train(cfg, workdir, train_iter=iter(batches),
+                  eval_iter_fn=lambda: iter(synthetic_batches(cfg, 1)))
+    assert sorted(os.listdir(os.path.join(workdir, "peft"))) == ["4"]  # keep=1
+    from t5lite import checkpointing
+    _, full_params = checkpointing.load_params(workdir)
+    _, params = peft.load_peft(os.path.join(workdir, "peft", "4"),
+                               jax.tree.map(jnp.zeros_like, full_params))
+    lora = {k: v for k, v in flat(params).items() if "lora" in k}
+    assert lora and all(np.array_equal(v, flat(full_params)[k]) for k, v in lora.items())
+    n_lora = sum(v.size for k, v in lora.items())
+    assert f"trainable params: {n_lora:,} of" in capsys.readouterr().out
