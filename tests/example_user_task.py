@@ -5,7 +5,7 @@ import os
 
 import seqio
 
-from t5lite.tasks import metrics, objectives, registry, vocabularies
+from t5lite.tasks import metrics, registry, vocabularies
 
 DATA = os.environ.get("MY_DATA", "my_data")  # train.tsv / dev.tsv ("text\tlabel"), corpus.txt
 vocab = vocabularies.get_vocabulary("t5lite_sp8k")

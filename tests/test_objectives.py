@@ -115,7 +115,7 @@ def test_iid_noise_fraction():
 def test_bert_style_80_10_10():
     exs = _run(objectives.bert_style_denoising, sequence_length={"inputs": 512, "targets": 512},
                n=600)
-    changed = masked = kept_or_random = selected_est = 0
+    changed = masked = selected_est = 0
     for e in exs:
         assert len(e["inputs"]) == len(e["targets"])  # target = the original text
         masked += int((e["inputs"] == VOCAB_SIZE - 1).sum())

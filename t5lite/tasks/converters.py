@@ -108,7 +108,8 @@ class _DropKeys(seqio.FeatureConverter):
         super().__init__(pack=inner.pack)
 
     def _convert_features(self, ds, task_feature_lengths):
-        ds = self._inner._convert_features(ds, task_feature_lengths)  # pylint: disable=protected-access
+        ds = self._inner._convert_features(  # pylint: disable=protected-access
+            ds, task_feature_lengths)
         return ds.map(lambda x: {k: v for k, v in x.items() if k not in self._drop})
 
     def get_model_feature_lengths(self, task_feature_lengths):
@@ -129,7 +130,8 @@ class _AddCausalAttention(seqio.FeatureConverter):
         super().__init__(pack=pack)
 
     def _convert_features(self, ds, task_feature_lengths):
-        ds = self._inner._convert_features(ds, task_feature_lengths)  # pylint: disable=protected-access
+        ds = self._inner._convert_features(  # pylint: disable=protected-access
+            ds, task_feature_lengths)
         return ds.map(lambda x: {**x, "decoder_causal_attention":
                                  tf.zeros_like(x["decoder_target_tokens"])})
 
@@ -147,6 +149,9 @@ def make_converter(architecture: str, task_features: Sequence[str], pack: bool =
     """The converter for ``architecture`` given the features the task produces."""
     has_inputs, has_targets = "inputs" in task_features, "targets" in task_features
     what = f"task {task_name!r}" if task_name else "the task"
+    if "class_labels" in task_features and architecture in ("decoder_only", "prefix_lm"):
+        from t5lite.tasks.classification import DecoderClassificationConverter
+        return DecoderClassificationConverter(pack=pack)  # GPT classification head
     if architecture == "encoder_decoder":
         if not (has_inputs and has_targets):
             raise UserError(f"{what} has no inputs/targets pair, which encoder_decoder needs; "

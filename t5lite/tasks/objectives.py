@@ -8,12 +8,12 @@ TF ops whose seeds come from ``seqio.map_over_dataset(num_seeds=...)``; seqio dr
 The unsupervised objectives (Raffel et al. 2020, Section 3.3) are all one ``denoise`` call with a
 different noise mask, inputs function and targets function:
 
-  objective (paper)          noise_mask   inputs_fn                       targets_fn
-  span corruption (Table 5)  spans        noise_span_to_unique_sentinel   nonnoise_span_to_unique_sentinel
-  i.i.d. / replace spans     iid          noise_span_to_unique_sentinel   nonnoise_span_to_unique_sentinel
-  drop corrupted tokens      iid          drop_noise_tokens               drop_nonnoise_tokens
-  BERT-style                 iid          noise_token_to_random_token_or_sentinel   original
-  MASS-style                 iid          noise_token_to_sentinel         original
+  objective (paper)        noise_mask  inputs_fn                       targets_fn
+  span corruption (Tab. 5) spans       noise_span_to_unique_sentinel   nonnoise_span_to_unique_...
+  i.i.d. / replace spans   iid         noise_span_to_unique_sentinel   nonnoise_span_to_unique_...
+  drop corrupted tokens    iid         drop_noise_tokens               drop_nonnoise_tokens
+  BERT-style               iid         noise_token_to_random_token_or_sentinel  original_tokens
+  MASS-style               iid         noise_token_to_sentinel         original_tokens
 
 with deshuffling, prefix LM and full LM alongside. Corruption rate (Table 4) is
 ``noise_density``, span length (Table 5) ``mean_noise_span_length``; Tables 6-7 (data set and
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 import seqio
 import tensorflow as tf
