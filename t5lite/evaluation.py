@@ -1,0 +1,435 @@
+"""Evaluation: seqio.Evaluator glue (predict by decoding, score by log-likelihood), periodic
+evaluation with best-checkpoint keeping during training, and the `eval` / `infer` commands.
+
+seqio.Evaluator reads each task's split once, applies its postprocess_fn and metric_fns, and
+asks us for model outputs through predict_fn / score_fn. We hand it the task features as they
+are (PassThroughFeatureConverter) and build the model batches here, so one code path serves
+encoder-decoder (encoder = inputs) and decoder-only / prefix LM (prompt = BOS 0 + inputs, as
+seqio's PrefixLM converter lays out training examples). Classifier-head models (num_classes > 0)
+are scored by argmax(class_logits) == class_labels over the split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import Iterable, Optional, Sequence
+
+import jax
+import numpy as np
+
+from t5lite import config as config_lib
+from t5lite import decoding
+from t5lite.errors import UserError
+
+
+# ----------------------------------------------------------------------------- model batches
+
+
+def _pad(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
+    out = np.zeros((len(rows), length), np.int32)
+    for i, r in enumerate(rows):
+        r = list(r)[:length]
+        out[i, :len(r)] = r
+    return out
+
+
+def _round_up(n: int, k: int) -> int:
+    return max(k, -(-n // k) * k)
+
+
+def score_batch(architecture: str, inputs, targets, input_length: int, target_length: int):
+    """Teacher-forced model batch (CONTRACTS.md keys) scoring `targets` given `inputs`."""
+    if architecture == "encoder_decoder":
+        tgt = _pad(targets, target_length)
+        dec_in = np.concatenate([np.zeros((len(tgt), 1), np.int32), tgt[:, :-1]], 1)
+        return {"encoder_input_tokens": _pad(inputs, input_length),
+                "decoder_input_tokens": dec_in, "decoder_target_tokens": tgt,
+                "decoder_loss_weights": (tgt != 0).astype(np.int32)}
+    n = input_length + target_length
+    seqs = [list(i)[:input_length] + list(t)[:target_length] for i, t in zip(inputs, targets)]
+    tgt = _pad(seqs, n)
+    dec_in = np.concatenate([np.zeros((len(tgt), 1), np.int32), tgt[:, :-1]], 1)
+    pos = np.arange(n)[None]
+    n_in = np.array([min(len(i), input_length) for i in inputs])[:, None]
+    n_all = np.array([len(s) for s in seqs])[:, None]
+    batch = {"decoder_input_tokens": dec_in, "decoder_target_tokens": tgt,
+             "decoder_loss_weights": ((pos >= n_in) & (pos < n_all)).astype(np.int32),
+             "decoder_segment_ids": (pos < n_all).astype(np.int32),
+             "decoder_positions": np.broadcast_to(pos, tgt.shape).astype(np.int32)}
+    if architecture == "prefix_lm":  # bidirectional over BOS + inputs
+        batch["decoder_causal_attention"] = (pos < n_in + 1).astype(np.int32)
+    return batch
+
+
+class Predictor:
+    """Decodes / scores token lists in fixed-shape batches (one compile per program)."""
+
+    def __init__(self, cfg, model, params, eos_id: int, mesh=None):
+        self.cfg, self.model, self.params, self.eos_id, self.mesh = cfg, model, params, eos_id, mesh
+        arch = cfg.model.architecture
+        if arch == "encoder_only":
+            raise UserError("encoder_only (BERT) checkpoints do not generate or score text; "
+                            "use `t5lite eval` on a classification task (e.g. sentiment_cls).")
+        self.arch = arch
+        lengths = cfg.data.feature_lengths
+        self.input_length = lengths.get("inputs", 0)
+        self.target_length = lengths.get("targets", cfg.decode.max_length)
+        if arch != "encoder_decoder" and self.input_length == 0:
+            self.input_length = lengths["targets"]  # LM: a prompt as long as a training row
+        decoding.check(cfg.decode, cfg.model, 1 if arch == "encoder_decoder" else
+                       self.input_length)
+        dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        self.batch_size = _round_up(cfg.eval.batch_size, dp)
+        self._generate = decoding.make_generate_fn(model, cfg.decode, eos_id)
+        self._score = decoding.make_score_fn(model)
+        self._key = jax.random.key(cfg.decode.seed)
+
+    def _ctx(self):
+        if self.mesh is None:
+            return contextlib.nullcontext()
+        from t5lite import partitioning
+        return partitioning.activate(self.mesh)
+
+    def _chunks(self, n: int) -> Iterable[tuple[int, int]]:
+        for start in range(0, n, self.batch_size):
+            yield start, min(n, start + self.batch_size)
+
+    def predict(self, inputs: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[float]]:
+        """[N, decode.max_length] token ids (EOS, then 0s) and scores, one row per input."""
+        if self.arch != "encoder_decoder":
+            inputs = [[0] + list(x)[:self.input_length - 1] for x in inputs]
+        preds, scores = [], []
+        for a, b in self._chunks(len(inputs)):
+            rows = list(inputs[a:b]) + [[0]] * (self.batch_size - (b - a))
+            x = _pad(rows, self.input_length)
+            lengths = np.maximum(np.array([min(len(r), self.input_length) for r in rows]), 1)
+            key = jax.random.fold_in(self._key, a)
+            with self._ctx():
+                out = jax.device_get(self._generate(self.params, x, lengths.astype(np.int32),
+                                                    key))
+            preds.append(out["tokens"][:b - a])
+            scores += [float(v) for v in out["scores"][:b - a]]
+        return np.concatenate(preds), scores
+
+    def strip(self, row) -> list[int]:
+        """Ids before the first EOS (and no padding)."""
+        row = [int(t) for t in row]
+        return row[:row.index(self.eos_id)] if self.eos_id in row else [t for t in row if t]
+
+    def score(self, inputs, targets) -> list[float]:
+        """log p(targets | inputs) summed over target tokens (EOS included if given)."""
+        out = []
+        for a, b in self._chunks(len(inputs)):
+            pad = self.batch_size - (b - a)
+            batch = score_batch(self.arch, list(inputs[a:b]) + [[]] * pad,
+                                list(targets[a:b]) + [[]] * pad, self.input_length,
+                                self.target_length)
+            with self._ctx():
+                out += [float(v) for v in jax.device_get(self._score(self.params, batch))[:b - a]]
+        return out
+
+
+# ----------------------------------------------------------------------------- seqio evaluation
+
+
+def _sequence_lengths(cfg, task) -> Optional[dict]:
+    """Truncate eval features to the training lengths (the model has seen no longer rows)."""
+    lengths = {k: v for k, v in cfg.data.feature_lengths.items() if k in task.output_features}
+    return lengths or None
+
+
+def _task_features_converter():
+    """seqio's pass-through converter, completed with what seqio.Evaluator reads from it."""
+    import seqio
+
+    class TaskFeatures(seqio.PassThroughFeatureConverter):
+        TASK_FEATURES = {}
+        pack = False
+
+    return TaskFeatures()
+
+
+def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int) -> dict:
+    import seqio
+    from t5lite.tasks import pipeline
+    provider = pipeline.get_mixture_or_task(task_name)
+    if split not in provider.splits:
+        raise UserError(f"{task_name!r} has no split {split!r}; it has "
+                        f"{', '.join(provider.splits)}.")
+    subtasks = seqio.get_subtasks(provider)
+    from absl import logging as absl_logging
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)  # seqio warns when lengths have slack
+    try:
+        evaluator = seqio.Evaluator(
+            task_name, feature_converter=_task_features_converter(), eval_split=split,
+            sequence_length=_sequence_lengths(cfg, subtasks[0]),
+            num_examples=max_examples or None, use_memory_cache=True,
+            async_compute_metrics=False)
+    finally:
+        absl_logging.set_verbosity(verbosity)
+    if not evaluator.eval_tasks:
+        raise UserError(f"{task_name!r} has no metric_fns for split {split!r}: nothing to "
+                        "evaluate. Pick a finetuning task (see `t5lite tasks list`).")
+
+    def examples(ds):
+        idx, ins, tgts = [], [], []
+        for i, ex in ds.as_numpy_iterator():
+            idx.append(int(i))
+            ins.append(ex["inputs"].tolist() if "inputs" in ex else [])
+            tgts.append(ex["targets"].tolist())
+        return idx, ins, tgts
+
+    def predict_fn(ds, model_feature_shapes=None):
+        idx, ins, _ = examples(ds)
+        return list(zip(idx, predictor.predict(ins)[0]))
+
+    def score_fn(ds, model_feature_shapes=None):
+        idx, ins, tgts = examples(ds)
+        return list(zip(idx, predictor.score(ins, tgts)))
+
+    metrics_future, _ = evaluator.evaluate(compute_metrics=True, predict_fn=predict_fn,
+                                           score_fn=score_fn)
+    evaluator.close()
+    flat = {}
+    for task, values in metrics_future.result().items():
+        for name, value in values.items():
+            flat[f"{task}/{name}"] = float(getattr(value, "value", value))
+    return flat
+
+
+def _classifier_metrics(cfg, model, params, task_name: str, split: str, max_examples: int,
+                        mesh=None) -> dict:
+    """Accuracy of argmax(class_logits) against class_labels (classifier-head models)."""
+    from t5lite.tasks import pipeline
+    batch_size = _round_up(cfg.eval.batch_size, 1 if mesh is None else
+                           mesh.shape["data"] * mesh.shape["fsdp"])
+    ds = pipeline.get_dataset(task_name, dict(cfg.data.feature_lengths),
+                              cfg.model.architecture, batch_size, split=split, shuffle=False,
+                              pack=False, num_epochs=1, drop_remainder=False)
+    fwd = jax.jit(lambda p, b: model.apply({"params": p}, b, deterministic=True)["class_logits"])
+    correct = total = 0
+    labels_seen = []
+    for batch in ds.as_numpy_iterator():
+        n = len(batch["class_labels"])
+        if max_examples and total >= max_examples:
+            break
+        padded = {k: np.concatenate([v, np.zeros((batch_size - n,) + v.shape[1:], v.dtype)])
+                  for k, v in batch.items()}
+        ctx = contextlib.nullcontext()
+        if mesh is not None:
+            from t5lite import partitioning
+            ctx = partitioning.activate(mesh)
+        with ctx:
+            pred = np.asarray(jax.device_get(fwd(params, padded)))[:n].argmax(-1)
+        keep = n if not max_examples else min(n, max_examples - total)
+        correct += int((pred[:keep] == batch["class_labels"][:keep]).sum())
+        labels_seen += batch["class_labels"][:keep].tolist()
+        total += keep
+    if not total:
+        raise UserError(f"{task_name!r} split {split!r} is empty.")
+    majority = 100.0 * max(np.bincount(labels_seen)) / total
+    return {f"{task_name}/accuracy": 100.0 * correct / total,
+            f"{task_name}/majority_class": majority}
+
+
+def _eos_id(cfg) -> int:
+    from t5lite.tasks import pipeline
+    task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
+    return int(task.output_features["targets"].vocabulary.eos_id)
+
+
+def evaluate(cfg, model, params, tasks: Sequence[str] = (), split: str = "",
+             max_examples: int = -1, mesh=None) -> dict:
+    """{"task/metric": value} for each task (default cfg.eval.tasks or data.mixture_or_task)."""
+    import t5lite.tasks  # noqa: F401  registers tasks
+    tasks = tuple(tasks) or tuple(cfg.eval.tasks) or (cfg.data.mixture_or_task,)
+    split = split or cfg.eval.split
+    max_examples = cfg.eval.max_examples if max_examples < 0 else max_examples
+    out = {}
+    if cfg.model.num_classes > 0:
+        for t in tasks:
+            out.update(_classifier_metrics(cfg, model, params, t, split, max_examples, mesh))
+        return out
+    predictor = Predictor(cfg, model, params, _eos_id(cfg), mesh)
+    for t in tasks:
+        out.update(_seqio_metrics(cfg, predictor, t, split, max_examples))
+    return out
+
+
+# ----------------------------------------------------------------------------- during training
+
+
+class TrainEvaluator:
+    """Runs `evaluate` every cfg.eval.every_steps (and at the end of training), logs the
+    metrics, and keeps the best params by cfg.eval.best_metric in workdir/best (a params-only
+    checkpoint: config.json + params/ + metrics.json, readable by eval / infer / init_from)."""
+
+    def __init__(self, cfg, model, workdir: str, mesh, logger=None):
+        self.cfg, self.model, self.mesh, self.logger = cfg, model, mesh, logger
+        self.best_dir = os.path.join(os.path.abspath(workdir), "best")
+        self.best = None
+        path = os.path.join(self.best_dir, "metrics.json")
+        if os.path.exists(path):  # resumed run: beat the best kept so far
+            with open(path) as f:
+                self.best = json.load(f).get(cfg.eval.best_metric)
+
+    @staticmethod
+    def wanted(cfg) -> bool:
+        e = cfg.eval
+        return bool(e.every_steps or e.best_metric or e.tasks)
+
+    def due(self, step: int, total: int) -> bool:
+        every = self.cfg.eval.every_steps
+        return step == total or (every > 0 and step % every == 0)
+
+    def __call__(self, step: int, params) -> dict:
+        t0 = time.time()
+        metrics = evaluate(self.cfg, self.model, params, mesh=self.mesh)
+        if self.logger is not None:
+            self.logger.write(step, dict(metrics, seconds=time.time() - t0), prefix="eval_tasks")
+        name = self.cfg.eval.best_metric
+        if name:
+            if name not in metrics:
+                raise UserError(f"eval.best_metric={name!r} is not among the metrics "
+                                f"{', '.join(sorted(metrics))}.")
+            value = metrics[name]
+            better = self.best is None or (value > self.best if self.cfg.eval.best_mode == "max"
+                                           else value < self.best)
+            if better:
+                self.best = value
+                self._save(step, params, metrics)
+                if self.logger is not None:
+                    self.logger.info(f"step {step}: new best {name}={value:.2f} -> "
+                                     f"{self.best_dir}")
+        return {f"eval/{k}": v for k, v in metrics.items()}
+
+    def _save(self, step: int, params, metrics: dict) -> None:
+        import orbax.checkpoint as ocp
+        ckptr = ocp.StandardCheckpointer()
+        ckptr.save(os.path.join(self.best_dir, "params"), params, force=True)
+        ckptr.wait_until_finished()
+        if jax.process_index() == 0:
+            with open(os.path.join(self.best_dir, "config.json"), "w") as f:
+                json.dump(config_lib.to_dict(self.cfg), f, indent=2)
+            with open(os.path.join(self.best_dir, "metrics.json"), "w") as f:
+                json.dump({"step": step, **metrics}, f, indent=2)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def load(checkpoint: str, overrides: Sequence[str] = ()):
+    """-> (cfg with overrides applied, model, params) from any checkpoint layout."""
+    from t5lite import checkpointing
+    from t5lite.models import build_model
+    cfg, params = checkpointing.load_params(checkpoint)
+    cfg = config_lib.apply_overrides(cfg, overrides)
+    config_lib.validate(cfg)
+    decoding.check(cfg.decode)
+    if cfg.data.data_dir:
+        os.environ["T5LITE_DATA_DIR"] = os.path.abspath(cfg.data.data_dir)
+    return cfg, build_model(cfg.model), params
+
+
+def format_table(rows: Sequence[tuple[str, str]]) -> str:
+    w = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a.ljust(w)}  {b}" for a, b in rows)
+
+
+def eval_command(checkpoint: str, task: str, split: str = "validation", max_examples: int = 0,
+                 overrides: Sequence[str] = ()) -> dict:
+    """`t5lite eval`: print a table of the task's metrics for the checkpoint."""
+    cfg, model, params = load(checkpoint, overrides)
+    t0 = time.time()
+    metrics = evaluate(cfg, model, params, tasks=(task,), split=split, max_examples=max_examples)
+    rows = [("metric", "value")] + [(k, f"{v:.2f}") for k, v in sorted(metrics.items())]
+    d = cfg.decode
+    how = (f"decode={d.method}" + (f" beams={d.beams} alpha={d.alpha}" if d.method == "beam"
+                                   else "") + f" max_length={d.max_length}")
+    print(format_table(rows))
+    print(f"({checkpoint}, split={split}, {how}, {time.time() - t0:.1f}s)")
+    return metrics
+
+
+def _vocabulary(cfg):
+    from t5lite.tasks import pipeline, vocabularies
+    if cfg.eval.vocabulary:
+        v = vocabularies.get_vocabulary(cfg.eval.vocabulary)
+        return v, v, True
+    task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
+    feats = task.output_features
+    inp = feats.get("inputs", feats["targets"])
+    return inp.vocabulary, feats["targets"].vocabulary, bool(inp.add_eos and "inputs" in feats)
+
+
+def _read_lines(path: str) -> list[str]:
+    if path == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        if not os.path.exists(path):
+            raise UserError(f"--input {path} does not exist.")
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    lines = [x for x in lines if x.strip()]
+    if not lines:
+        raise UserError(f"--input {path} has no non-empty lines.")
+    return lines
+
+
+def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
+                  mode: str = "predict", options: Sequence[str] = (),
+                  overrides: Sequence[str] = ()) -> list[dict]:
+    """`t5lite infer`: one JSON line per input line.
+
+    predict: {"input", "prediction", "score"} (score: log-likelihood of the output; for beam
+    search its length-normalised score). score: lines are "input<TAB>target" ->
+    {"input", "target", "log_likelihood"}. rank: {"input", "prediction", "scores"}: the
+    --options candidate with the highest log-likelihood (rank classification, T5 paper).
+    """
+    import t5lite.tasks  # noqa: F401
+    cfg, model, params = load(checkpoint, overrides)
+    in_vocab, out_vocab, add_eos = _vocabulary(cfg)
+    eos = int(out_vocab.eos_id)
+    lines = _read_lines(input_path)
+    predictor = Predictor(cfg, model, params, eos)
+
+    def enc(text, vocab, eos_too):
+        ids = list(vocab.encode(text))
+        return ids + [eos] if eos_too else ids
+
+    if mode == "predict":
+        preds, scores = predictor.predict([enc(x, in_vocab, add_eos) for x in lines])
+        records = [{"input": x, "prediction": out_vocab.decode(predictor.strip(p)), "score": s}
+                   for x, p, s in zip(lines, preds, scores)]
+    elif mode == "score":
+        pairs = [x.split("\t", 1) for x in lines]
+        if any(len(p) != 2 for p in pairs):
+            raise UserError("--mode score reads lines of the form: input<TAB>target")
+        lls = predictor.score([enc(a, in_vocab, add_eos) for a, _ in pairs],
+                              [enc(b, out_vocab, True) for _, b in pairs])
+        records = [{"input": a, "target": b, "log_likelihood": s}
+                   for (a, b), s in zip(pairs, lls)]
+    elif mode == "rank":
+        if len(options) < 2:
+            raise UserError("--mode rank needs at least two --options (candidate targets), "
+                            "e.g. --options positive --options negative")
+        ins = [enc(x, in_vocab, add_eos) for x in lines for _ in options]
+        outs = [enc(o, out_vocab, True) for _ in lines for o in options]
+        lls = np.array(predictor.score(ins, outs)).reshape(len(lines), len(options))
+        records = [{"input": x, "prediction": options[int(np.argmax(s))],
+                    "scores": dict(zip(options, map(float, s)))} for x, s in zip(lines, lls)]
+    else:
+        raise UserError(f"--mode {mode!r}: use predict, score or rank.")
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if output_path == "-":
+        sys.stdout.write(text)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+        with open(output_path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return records
