@@ -7,3 +7,7 @@ is read; see registry.py). `t5lite tasks list` shows them.
 from t5lite.tasks import registry as _registry
 
 _registry.register_builtin()
+
+from t5lite.tasks import classification as _classification  # noqa: E402  (GPT heads)
+
+_classification.register()
