@@ -158,12 +158,16 @@ def noise_token_to_sentinel(tokens, noise_mask, vocabulary, seeds=None):
 
 
 def random_token_range(vocabulary) -> tuple[int, int]:
-    """[low, high) of ordinary tokens for random replacement: above pad / EOS / UNK (and
-    [CLS] / [SEP] / [MASK] where the vocabulary has them), below the sentinels."""
+    """[low, high) of ordinary tokens for random replacement: no sentinels, and above / below
+    the special ids (pad, EOS, UNK, and [CLS] / [SEP] / [MASK] where the vocabulary has them;
+    GPT-2's EOS is its last id)."""
     high = vocabulary.vocab_size - (vocabulary.extra_ids or 0)
-    ids = [getattr(vocabulary, name, None) for name in
-           ("pad_id", "eos_id", "unk_id", "cls_id", "sep_id", "mask_id")]
-    low = 1 + max(i for i in ids if i is not None and i < high)
+    specials = {i for i in (getattr(vocabulary, name, None) for name in
+                            ("pad_id", "eos_id", "unk_id", "cls_id", "sep_id", "mask_id"))
+                if i is not None}
+    while high - 1 in specials:
+        high -= 1
+    low = 1 + max((i for i in specials if i < high), default=-1)
     return low, high
 
 
