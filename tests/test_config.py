@@ -1,0 +1,79 @@
+"""Config loading and overrides: unknown keys with suggestions, bad values, bad meshes, and the
+training configs built on the model configs."""
+
+import pytest
+
+from t5lite import cli, partitioning
+from t5lite import config as config_lib
+from t5lite.errors import UserError
+
+
+@pytest.mark.parametrize("name, arch, task", [
+    ("quickstart", "encoder_decoder", "corpus_span_corruption"),
+    ("tiny_bert_mlm", "encoder_only", "corpus_mlm"),
+    ("tiny_gpt_lm", "decoder_only", "corpus_lm"),
+])
+def test_training_configs_load_on_top_of_the_model_configs(name, arch, task):
+    cfg = config_lib.load_config(f"configs/{name}.py")
+    assert (cfg.model.architecture, cfg.data.mixture_or_task) == (arch, task)
+    assert cfg.model.vocab_size == 8192 and cfg.train.prepare_data
+    assert cfg.checkpoint.every_steps > 0 and cfg.train.eval_every > 0
+    over = config_lib.load_config(name, ["train.steps=7", "optim.learning_rate=0.5",
+                                         "mesh.fsdp=2", "data.feature_lengths={'inputs': 64, "
+                                         "'targets': 16}"])
+    assert (over.train.steps, over.optim.learning_rate, over.mesh.fsdp) == (7, 0.5, 2)
+    assert over.data.feature_lengths == {"inputs": 64, "targets": 16}
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(UserError, match=r"unknown config key 'optim.learnig_rate'.*"
+                                        r"Did you mean: optim.learning_rate"):
+        config_lib.load_config("quickstart", ["optim.learnig_rate=1e-3"])
+    with pytest.raises(UserError, match="Did you mean: train.steps"):
+        config_lib.load_config("quickstart", ["train.step=3"])
+
+
+def test_bad_values_are_user_errors():
+    with pytest.raises(UserError, match="train.steps must be an integer"):
+        config_lib.load_config("quickstart", ["train.steps=many"])
+    with pytest.raises(UserError, match="optim.learning_rate must be a number"):
+        config_lib.load_config("quickstart", ["optim.learning_rate=fast"])
+    with pytest.raises(UserError, match="optim.name='adamx' is not one of .* Did you mean 'adamw'"):
+        config_lib.load_config("quickstart", ["optim.name=adamx"])
+    with pytest.raises(UserError, match="must look like section.field=value"):
+        config_lib.load_config("quickstart", ["train.steps"])
+    with pytest.raises(UserError, match="divisible by train.grad_accum_steps"):
+        config_lib.load_config("quickstart", ["train.grad_accum_steps=3"])
+
+
+def test_mesh_that_does_not_divide_devices_or_batch_is_a_user_error():
+    cfg = config_lib.load_config("quickstart", ["mesh.data=3"])
+    with pytest.raises(UserError, match="uses 3 devices but 8 are available"):
+        partitioning.make_mesh(cfg.mesh)
+    cfg = config_lib.load_config("quickstart", ["mesh.data=-1", "mesh.fsdp=8",
+                                                "data.batch_size=12"])
+    mesh = partitioning.make_mesh(cfg.mesh)
+    with pytest.raises(UserError, match="data.batch_size to a multiple of 8"):
+        partitioning.check_batch(mesh, cfg.data.batch_size)
+
+
+def test_cli_reports_user_errors_with_exit_code_2(capsys, tmp_path):
+    rc = cli.main(["train", "--config", "configs/quickstart.py", "--workdir", str(tmp_path),
+                   "--set", "train.stpes=3"])
+    assert rc == 2
+    assert "Did you mean: train.steps" in capsys.readouterr().err
+    rc = cli.main(["train", "--config", "configs/quickstrat.py", "--workdir", str(tmp_path)])
+    assert rc == 2
+    assert "Did you mean: quickstart" in capsys.readouterr().err
+
+
+def test_model_vocab_smaller_than_the_task_vocabulary_is_a_user_error(tmp_path, monkeypatch):
+    import tasks_testdata
+    from t5lite import trainer
+    monkeypatch.setenv("T5LITE_DATA_DIR", tasks_testdata.make_data_dir(str(tmp_path / "d")))
+    cfg = config_lib.load_config("quickstart", ["model.vocab_size=512", "train.prepare_data=()"])
+    with pytest.raises(UserError, match=r"model.vocab_size=512 is smaller than the 700 ids .*"
+                                        r"Set model.vocab_size >= 700"):
+        trainer._prepare_tasks(cfg)
+    cfg.model.vocab_size = 768
+    trainer._prepare_tasks(cfg)
