@@ -123,8 +123,10 @@ class MetricsLogger:
                 self.step = step
                 show = {"loss": "{:.4f}", "accuracy": "{:.3f}", "lr": "{:.2e}",
                         "tokens_per_s": "{:.0f}", "mfu": "{:.1%}"}
-                self.bar.set_postfix({k.replace("tokens_per_s", "tok/s"): f.format(scalars[k])
-                                      for k, f in show.items() if k in scalars}, refresh=True)
+                post = {k.replace("tokens_per_s", "tok/s"): f.format(scalars[k])
+                        for k, f in show.items() if k in scalars}
+                post.setdefault("mfu", "n/a")  # no known device peak (CPU)
+                self.bar.set_postfix(post, refresh=True)
             else:
                 self.bar.write(f"step {step} {prefix}: " + ", ".join(
                     f"{k}={v:.4g}" for k, v in scalars.items()))

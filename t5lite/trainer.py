@@ -299,6 +299,10 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
     bsh = partitioning.batch_sharding(mesh)
     flops = step_flops(cfg, model, mesh, abstract.params, cfg.data.batch_size)
     peak = metrics_log.peak_flops_per_device(cfg.train.peak_flops)
+    logger.info(f"model FLOPs per step {flops:.3g} (3 x forward matmuls); MFU against "
+                + (f"{peak:.3g} FLOP/s per device x {mesh.size}" if peak else
+                   f"n/a: no known peak for {jax.devices()[0].device_kind} "
+                   "(set train.peak_flops)"))
     total = cfg.train.steps
     last_ckpt = start
     clock = {"t": time.time(), "step": start, "tokens": 0}
