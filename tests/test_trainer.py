@@ -102,3 +102,26 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, after, good)
     rows = read_metrics(wd)
     assert all(np.isfinite(r["loss"]) for r in rows.values())
+
+
+def test_matmul_flops_counts_every_matmul_including_scanned_layers():
+    from t5lite import metrics_log
+    import jax.numpy as jnp
+
+    def f(x, w):
+        def layer(h, wi):
+            return jnp.tanh(h @ wi), None
+        h, _ = jax.lax.scan(layer, x, w)  # 3 layers of [4, 8] @ [8, 8]
+        return jnp.einsum("bd,bd->b", h, h)  # + 4 * 8 multiply-adds
+    x, w = jnp.ones((4, 8)), jnp.ones((3, 8, 8))
+    assert metrics_log.matmul_flops(f, x, w) == 3 * 2 * 4 * 8 * 8 + 2 * 4 * 8
+    # the trainer's count for the tiny GPT: 3 x (2 x matmul params x tokens + attention)
+    cfg = tiny_config()
+    model = build_model(cfg.model)
+    mesh = partitioning.make_mesh(config_lib.MeshConfig(), jax.devices()[:1])
+    abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh, optim.make_optimizer(
+        cfg.optim, 1))
+    B, L, D, F, V, H, K = 16, 16, 32, 64, 128, 4, 8
+    dense = D * H * K * 4 + 2 * D * F + D * V  # q k v o, mlp in/out, tied logits
+    expect = 3 * (2 * dense * B * L + 2 * 2 * B * H * L * L * K)
+    assert trainer.step_flops(cfg, model, mesh, abstract.params, B) == expect
