@@ -186,8 +186,8 @@ class Stack(nn.Module):
             k_pos_BS = positions_BL
         ctx = {"bias": L.attention_bias(mask_BLS)}
         if cfg.position in ("relative", "alibi"):
-            if not decode:  # slot offsets equal position offsets inside a (packed) segment, so
-                q_pos, k_pos = (jnp.arange(t)[None],) * 2  # a [1, H, L, L] bias serves the batch
+            if not decode and not self.num_prompt:  # slot offsets equal position offsets in a
+                q_pos, k_pos = (jnp.arange(t)[None],) * 2  # (packed) segment: one [1, H, L, L]
             else:
                 q_pos, k_pos = positions_BL, k_pos_BS
             ctx["pos_bias"] = (self.relpos_bias(q_pos, k_pos) if cfg.position == "relative"
