@@ -56,7 +56,8 @@ EncoderOnly (BERT: post-norm, embed_norm, token types, use_bias=True)::
     token_dense/{kernel [D, C], bias}                (num_token_classes > 0; every token)
     span_dense/{kernel [D, 2], bias}                 (span_head: start / end logits)
 
-Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense) are what ``count_params(cfg, heads=False)`` leaves out.
+Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense) are what
+``count_params(cfg, heads=False)`` leaves out.
 """
 
 from __future__ import annotations

@@ -222,8 +222,9 @@ class MultiHeadAttention(nn.Module):
         dtype = compute_dtype(cfg)
         h, k = cfg.num_heads, cfg.head_dim
         t5_query_scale = 1.0 if (cfg.scale_attn_logits or cfg.init_std > 0) else k ** -0.5
-        proj = functools.partial(DenseGeneral, features=(h, k), kernel_axes=("embed", "heads", "kv"),
-                                 use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg))
+        proj = functools.partial(DenseGeneral, features=(h, k),
+                                 kernel_axes=("embed", "heads", "kv"), use_bias=cfg.use_bias,
+                                 dtype=dtype, init=kernel_init(cfg))
         q_BTHK = proj(name="query", init=kernel_init(cfg, t5_query_scale),
                       **peft.lora_kwargs(cfg, "query"))(x_BTD)
         k_BSHK = proj(name="key", **peft.lora_kwargs(cfg, "key"))(kv_BSD)

@@ -1,8 +1,8 @@
 """One Transformer Block, and the Stack (embeddings, masks, layers, final norm) built from it.
 
 A Stack is an encoder (bidirectional) or a decoder (causal, optional prefix-LM and cross-
-attention). Masks and position biases are built once per stack and shared by all layers as one
-additive bias (T5 shares its relative bias across layers). Layers are scanned (params stacked
+attention). Masks and position biases are built once per stack and shared by all layers as
+additive biases (T5 shares its relative bias across layers). Layers are scanned (params stacked
 on a leading "layers" axis, named ``layers``) or unrolled (``layers_0``, ``layers_1``, ...), and
 optionally rematerialised; both give identical numerics.
 """
