@@ -80,8 +80,10 @@ class Predictor:
         self.target_length = lengths.get("targets", cfg.decode.max_length)
         if arch != "encoder_decoder" and self.input_length == 0:
             self.input_length = lengths["targets"]  # LM: a prompt as long as a training row
+        # decoder-only prompt: BOS 0 + inputs (as in training, where inputs fill input_length)
+        self.prompt_length = self.input_length + (arch != "encoder_decoder")
         decoding.check(cfg.decode, cfg.model, 1 if arch == "encoder_decoder" else
-                       self.input_length)
+                       self.prompt_length)
         dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
         self.batch_size = _round_up(cfg.eval.batch_size, dp)
         self._generate = decoding.make_generate_fn(model, cfg.decode, eos_id)
@@ -101,12 +103,12 @@ class Predictor:
     def predict(self, inputs: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[float]]:
         """[N, decode.max_length] token ids (EOS, then 0s) and scores, one row per input."""
         if self.arch != "encoder_decoder":
-            inputs = [[0] + list(x)[:self.input_length - 1] for x in inputs]
+            inputs = [[0] + list(x)[:self.input_length] for x in inputs]
         preds, scores = [], []
         for a, b in self._chunks(len(inputs)):
             rows = list(inputs[a:b]) + [[0]] * (self.batch_size - (b - a))
-            x = _pad(rows, self.input_length)
-            lengths = np.maximum(np.array([min(len(r), self.input_length) for r in rows]), 1)
+            x = _pad(rows, self.prompt_length)
+            lengths = np.maximum(np.array([min(len(r), self.prompt_length) for r in rows]), 1)
             key = jax.random.fold_in(self._key, a)
             with self._ctx():
                 out = jax.device_get(self._generate(self.params, x, lengths.astype(np.int32),

@@ -1,0 +1,146 @@
+"""Evaluation on a tiny checkpoint trained on the (synthetic) sentiment task: periodic seqio
+evaluation with best-checkpoint keeping, `t5lite eval` and `t5lite infer` (predict / score /
+rank) agreeing with each other and with decoding."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+import tasks_testdata
+from t5lite import config as config_lib
+from t5lite import evaluation
+from t5lite.errors import UserError
+
+
+def _tiny_cfg(architecture):
+    cfg = config_lib.Config(name="tiny_eval")
+    m = cfg.model
+    m.architecture = architecture
+    m.vocab_size, m.d_model, m.num_heads, m.head_dim, m.d_ff = 768, 32, 2, 16, 64
+    m.num_encoder_layers = m.num_decoder_layers = 1
+    m.dropout_rate = 0.0
+    if architecture != "encoder_decoder":
+        m.position, m.max_length = "learned", 64
+    cfg.data.mixture_or_task = "sentiment"
+    cfg.data.feature_lengths = {"inputs": 24, "targets": 4}
+    cfg.data.batch_size, cfg.data.pack = 8, False
+    cfg.optim.name, cfg.optim.learning_rate = "adamw", 3e-3
+    cfg.optim.schedule, cfg.optim.warmup_steps = "constant", 0
+    cfg.train.steps, cfg.train.log_every, cfg.train.eval_steps = 4, 2, 1
+    cfg.checkpoint.every_steps = 4
+    cfg.eval.every_steps, cfg.eval.max_examples, cfg.eval.batch_size = 2, 16, 8
+    cfg.eval.best_metric = "sentiment/accuracy"
+    cfg.decode.max_length = 4
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("t5lite_data"))
+    restore = tasks_testdata.use_data_dir(root)
+    import t5lite.tasks  # noqa: F401
+    yield root
+    restore()
+
+
+@pytest.fixture(scope="module")
+def workdir(data_dir, tmp_path_factory):
+    from t5lite import trainer
+    wd = str(tmp_path_factory.mktemp("encdec"))
+    trainer.train(_tiny_cfg("encoder_decoder"), wd)
+    return wd
+
+
+def _records(path, split):
+    with open(os.path.join(path, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["split"] == split]
+
+
+def test_periodic_eval_logs_metrics_and_keeps_the_best(workdir):
+    evals = _records(workdir, "eval_tasks")
+    assert [r["step"] for r in evals] == [2, 4]
+    accs = [r["sentiment/accuracy"] for r in evals]
+    assert all(0.0 <= a <= 100.0 for a in accs)
+    best = os.path.join(workdir, "best")
+    with open(os.path.join(best, "metrics.json")) as f:
+        kept = json.load(f)
+    assert kept["sentiment/accuracy"] == max(accs)
+    assert kept["step"] == evals[int(np.argmax(accs))]["step"]  # first of equal bests
+    cfg, _, _ = evaluation.load(best)
+    assert cfg.eval.best_metric == "sentiment/accuracy"
+
+
+def test_eval_command_matches_infer_predictions(workdir, data_dir, tmp_path, capsys):
+    metrics = evaluation.eval_command(workdir, "sentiment", split="validation", max_examples=12)
+    table = capsys.readouterr().out
+    assert "sentiment/accuracy" in table
+    with open(os.path.join(data_dir, "finetune", "sentiment", "validation.tsv")) as f:
+        rows = [line.rstrip("\n").split("\t") for line in f][:12]
+    inp = tmp_path / "in.txt"
+    inp.write_text("".join(f"sst2 sentence: {x}\n" for x, _ in rows))
+    out = tmp_path / "pred.jsonl"
+    recs = evaluation.infer_command(workdir, str(inp), str(out), "predict")
+    assert [json.loads(x) for x in out.read_text().splitlines()] == recs
+    acc = 100.0 * np.mean([r["prediction"] == y for r, (_, y) in zip(recs, rows)])
+    assert metrics["sentiment/accuracy"] == pytest.approx(acc)
+
+
+def _greedy_is_its_own_likelihood(checkpoint, texts):
+    """Decoding scores == teacher-forced log-likelihood of the decoded ids (EOS included when
+    emitted): ties decoding (KV cache) to scoring (one full forward pass)."""
+    cfg, model, params = evaluation.load(checkpoint)
+    in_vocab, _, add_eos = evaluation._vocabulary(cfg)
+    pred = evaluation.Predictor(cfg, model, params, eos_id=1)
+    ids = [list(in_vocab.encode(t)) + [1] * add_eos for t in texts]
+    rows, scores = pred.predict(ids)
+    targets = [pred.strip(r) + ([1] if 1 in r else []) for r in rows]
+    np.testing.assert_allclose(pred.score(ids, targets), scores, atol=1e-3)
+    assert all(s < 0 for s in scores)
+
+
+def test_infer_score_and_rank_agree(workdir, tmp_path):
+    texts = ["sst2 sentence: the one was not there", "sst2 sentence: all of them"]
+    _greedy_is_its_own_likelihood(workdir, texts)
+    inp = tmp_path / "in.txt"
+    inp.write_text("".join(t + "\n" for t in texts))
+    ranked = evaluation.infer_command(workdir, str(inp), str(tmp_path / "r.jsonl"), "rank",
+                                      options=["positive", "negative"])
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("".join(f"{t}\t{o}\n" for t in texts for o in ("positive", "negative")))
+    scored = evaluation.infer_command(workdir, str(pairs), str(tmp_path / "s.jsonl"), "score")
+    for i, r in enumerate(ranked):
+        assert r["prediction"] == max(r["scores"], key=r["scores"].get)
+        assert r["scores"]["positive"] == pytest.approx(scored[2 * i]["log_likelihood"], abs=1e-4)
+        assert r["scores"]["negative"] == pytest.approx(scored[2 * i + 1]["log_likelihood"],
+                                                        abs=1e-4)
+        assert all(math.isfinite(v) and v < 0 for v in r["scores"].values())
+    with pytest.raises(UserError, match="at least two --options"):
+        evaluation.infer_command(workdir, str(inp), "-", "rank", options=["positive"])
+    with pytest.raises(UserError, match="input<TAB>target"):
+        evaluation.infer_command(workdir, str(inp), "-", "score")
+
+
+def test_beam_search_through_overrides(workdir, tmp_path):
+    inp = tmp_path / "in.txt"
+    inp.write_text("sst2 sentence: the one was not there\n")
+    rec = evaluation.infer_command(workdir, str(inp), "-", "predict",
+                                   overrides=["decode.method=beam", "decode.beams=3",
+                                              "decode.alpha=0.0"])[0]
+    assert isinstance(rec["prediction"], str) and math.isfinite(rec["score"]) and rec["score"] < 0
+    with pytest.raises(UserError, match="decode.method"):
+        evaluation.infer_command(workdir, str(inp), "-", "predict",
+                                 overrides=["decode.method=nucleus"])
+
+
+def test_decoder_only_eval_and_infer(data_dir, tmp_path):
+    from t5lite import trainer
+    cfg = _tiny_cfg("decoder_only")
+    cfg.eval.every_steps, cfg.train.steps = 0, 2
+    wd = str(tmp_path / "gpt")
+    final = trainer.train(cfg, wd)
+    assert 0.0 <= final["eval/sentiment/accuracy"] <= 100.0
+    _greedy_is_its_own_likelihood(wd, ["sst2 sentence: the one",
+                                       "sst2 sentence: all of them were there"])
