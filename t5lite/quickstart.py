@@ -17,10 +17,10 @@ import time
 
 from t5lite import config as config_lib
 
-FAST_PRETRAIN = ["train.steps=30", "data.batch_size=16", "checkpoint.every_steps=30",
-                 "train.eval_steps=1", "train.log_every=10"]
-FAST_FINETUNE = ["train.steps=30", "checkpoint.every_steps=30", "eval.every_steps=0",
-                 "eval.max_examples=64", "train.eval_steps=1", "train.log_every=10"]
+FAST_PRETRAIN = ["train.steps=16", "data.batch_size=16", "checkpoint.every_steps=16",
+                 "train.eval_steps=1", "train.eval_every=0", "train.log_every=4"]
+FAST_FINETUNE = ["train.steps=16", "checkpoint.every_steps=16", "eval.every_steps=8",
+                 "eval.max_examples=64", "train.eval_steps=1", "train.log_every=4"]
 
 
 def _first_last_loss(workdir: str) -> tuple[float, float]:
