@@ -1,0 +1,35 @@
+"""GPT-2 tiny, generative sentiment finetuning: "sst2 sentence: ... <eos>" is the prompt and the
+model writes the label word (seqio PrefixLM layout, loss on targets only); accuracy of the
+decoded label on validation, best params in WORKDIR/best. From a tiny_gpt_lm pretraining run
+(same 8k vocabulary) or from scratch (drop init_from):
+
+    t5lite train --config configs/tiny_gpt_sentiment.py --workdir runs/gpt_sentiment \\
+        --set checkpoint.init_from=runs/gpt_lm
+For a classification head on the last token instead, see configs/tiny_gpt_classify.py.
+"""
+
+from t5lite.config import load_config
+
+
+def get_config():
+    cfg = load_config("gpt2_tiny")
+    cfg.name = "tiny_gpt_sentiment"
+    cfg.data.mixture_or_task = "sentiment"
+    cfg.data.feature_lengths = {"inputs": 64, "targets": 4}
+    cfg.data.batch_size = 32
+    cfg.data.pack = False
+    cfg.train.prepare_data = ("sentiment", "vocab_sp8k")
+    cfg.optim.name, cfg.optim.schedule = "adamw", "linear"
+    cfg.optim.learning_rate, cfg.optim.warmup_steps = 5e-4, 30
+    cfg.optim.weight_decay, cfg.optim.clip_grad_norm = 0.01, 1.0
+    cfg.train.steps = 300
+    cfg.train.z_loss = 0.0
+    cfg.train.log_every = 20
+    cfg.train.eval_every = 0
+    cfg.checkpoint.every_steps = 300
+    cfg.checkpoint.keep = 1
+    cfg.eval.every_steps = 100
+    cfg.eval.best_metric = "sentiment/accuracy"
+    cfg.eval.batch_size = 64
+    cfg.decode.max_length = 4
+    return cfg
