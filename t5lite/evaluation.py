@@ -353,6 +353,8 @@ def eval_command(checkpoint: str, task: str, split: str = "validation", max_exam
     d = cfg.decode
     how = (f"decode={d.method}" + (f" beams={d.beams} alpha={d.alpha}" if d.method == "beam"
                                    else "") + f" max_length={d.max_length}")
+    if cfg.model.num_classes > 0:
+        how = "argmax of the classification head"
     print(format_table(rows))
     print(f"({checkpoint}, split={split}, {how}, {time.time() - t0:.1f}s)")
     return metrics
