@@ -10,7 +10,9 @@ from t5lite import config as config_lib
 from t5lite import optim, partitioning, trainer
 from t5lite.errors import UserError
 from t5lite.models import build_model
-from train_helpers import synthetic_batches, tiny_config
+from train_helpers import enable_compilation_cache, synthetic_batches, tiny_config
+
+enable_compilation_cache()
 
 
 def mesh_cfg(data, fsdp, tensor):
