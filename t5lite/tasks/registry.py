@@ -238,6 +238,11 @@ def register_finetune_task(name: str, dataset: str, prefix: str,
         output_features=text_features(vocab), metric_fns=list(metric_fns))
 
 
+# Whole-split shuffle for the small classification sets: the prepared files can be sorted by
+# label (sentiment is), which seqio's default 1000-example buffer would not undo.
+CLASSIFICATION_SHUFFLE_BUFFER = 20_000
+
+
 def register_classification_task(name: str, dataset: str, label_names: Sequence[str],
                                   vocabulary: Union[str, seqio.Vocabulary] = DEFAULT_VOCAB,
                                   source: Optional[seqio.DataSource] = None) -> seqio.Task:
@@ -250,7 +255,8 @@ def register_classification_task(name: str, dataset: str, label_names: Sequence[
                        functools.partial(text_label_to_class_id, label_names=label_names),
                        seqio.preprocessors.tokenize, bert_wrap],
         output_features=bert_features(vocab, mlm=False, classes=True),
-        metric_fns=[metrics.accuracy])
+        metric_fns=[metrics.accuracy],
+        shuffle_buffer_size=CLASSIFICATION_SHUFFLE_BUFFER)
 
 
 # ----------------------------------------------------------------------------- mixtures
