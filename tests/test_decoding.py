@@ -44,6 +44,11 @@ def decoder_only():
     return _tiny("decoder_only")
 
 
+@pytest.fixture(scope="module")
+def prefix_lm():
+    return _tiny("prefix_lm")
+
+
 def _inputs(rng, batch=3, length=9, vocab=48):
     """Right-padded token rows of different lengths (>= 3), ids in [2, vocab)."""
     lengths = np.array([length] + list(rng.integers(3, length, batch - 1)))
@@ -75,6 +80,9 @@ def _greedy_uncached(model, params, inputs, lengths, eos_id):
         else:
             real = (np.arange(seq.shape[1])[None] < (lengths + i)[:, None]).astype(np.int32)
             batch = {"decoder_input_tokens": seq, "decoder_segment_ids": real}
+            if model.cfg.architecture == "prefix_lm":  # the prompt attends bidirectionally
+                batch["decoder_causal_attention"] = (
+                    np.arange(seq.shape[1])[None] < lengths[:, None]).astype(np.int32)
         logits = np.asarray(fwd(params, batch))
         tok = logits[np.arange(b), start + i].argmax(-1)
         tok = np.where(done, 0, tok)
@@ -87,7 +95,7 @@ def _greedy_uncached(model, params, inputs, lengths, eos_id):
     return out
 
 
-@pytest.mark.parametrize("kind", ["encdec", "decoder_only"])
+@pytest.mark.parametrize("kind", ["encdec", "decoder_only", "prefix_lm"])
 def test_cached_greedy_equals_uncached_argmax(kind, request):
     model, params = request.getfixturevalue(kind)
     inputs, lengths = _inputs(np.random.default_rng(0))
