@@ -1,6 +1,7 @@
 """Quickstart pretraining: T5 v1.1 tiny, span corruption on the local corpus, 8k vocabulary.
 
-A few minutes on a 2-core laptop CPU with the loss falling from ~9 (uniform over 8192 ids):
+300 steps, about 9 CPU-minutes of work (~5 minutes on an idle 2-core CPU), the loss falling
+from ~9 (uniform over 8192 ids) to ~5.2 (eval accuracy ~0.28):
     t5lite train --config configs/quickstart.py --workdir runs/quickstart
 The corpus and the SentencePiece vocabulary are built on first use (train.prepare_data).
 """
@@ -16,7 +17,7 @@ def get_config():
     cfg.data.batch_size = 32
     cfg.optim.name, cfg.optim.schedule = "adafactor", "rsqrt"
     cfg.optim.learning_rate, cfg.optim.warmup_steps = 1e-2, 100
-    cfg.train.steps = 400
+    cfg.train.steps = 300
     cfg.train.log_every = 10
     cfg.train.eval_every = 100
     cfg.train.eval_steps = 4

@@ -58,8 +58,15 @@ def _configure_orbax() -> None:
     """On CPU, save each array from one replica: orbax's replica-parallel default slices every
     replicated shard with a separate small jit (seconds per save for nothing on host memory)."""
     if jax.default_backend() == "cpu":
-        ocp.type_handlers.register_type_handler(
-            jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+        absl_log = logging.getLogger("absl")
+        level = absl_log.level
+        absl_log.setLevel(logging.ERROR)  # orbax warns that it overrides its default handler
+        try:
+            ocp.type_handlers.register_type_handler(
+                jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
+                override=True)
+        finally:
+            absl_log.setLevel(level)
 
 
 class Checkpointer:
