@@ -3,8 +3,10 @@
 
     t5lite train --config configs/tiny_bert_sentiment.py --workdir runs/bert_sentiment
 
-From scratch this learns a bag-of-words-like classifier (held-out accuracy above the majority
-class). To finetune a pretrained BERT instead, e.g. with LoRA on query/value and a fresh head:
+From scratch this learns a bag-of-words-like classifier. Measured (2 CPU cores, ~10 min,
+600 steps): accuracy 0.692 on the whole validation split (majority class 0.518) and 0.715 on
+test (majority 0.507); train loss reaches ~0.01, so it overfits after ~400 steps.
+To finetune a pretrained BERT instead, e.g. with LoRA on query/value and a fresh head:
     --set checkpoint.init_from=runs/bert_mlm_bert --set model.peft.lora_rank=8
 (runs/bert_mlm_bert: configs/tiny_bert_mlm.py with data.mixture_or_task=corpus_mlm_bert and
 model.vocab_size=30592). Other PEFT options: model.peft.{adapter_dim, ia3, prompt_tokens,
