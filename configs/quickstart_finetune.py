@@ -1,6 +1,7 @@
 """Quickstart finetuning: the quickstart T5 (configs/quickstart.py) on local sentiment
 (Rotten Tomatoes sentences, "sst2 sentence: ..." -> positive / negative), T5-style constant
-learning rate (5e-3 for this tiny model) Adafactor, labels generated as text, accuracy on the validation split.
+learning rate (5e-3 for this tiny model) Adafactor, labels generated as text, accuracy on the
+validation split.
 
     t5lite train --config configs/quickstart_finetune.py --workdir runs/qs_finetune \\
         --set checkpoint.init_from=runs/quickstart
