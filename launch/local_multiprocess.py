@@ -2,7 +2,7 @@
 """Run one command as N JAX processes on this machine: a multi-host job without the hosts.
 
     python launch/local_multiprocess.py --num-processes 2 --devices-per-process 4 -- \\
-        t5lite train --config configs/tiny_t5.py --workdir /tmp/run
+        t5lite train --config configs/quickstart.py --workdir /tmp/run
 
 Each child gets its own simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count,
 set in its environment, so before it imports jax) and joins one jax.distributed job through a
