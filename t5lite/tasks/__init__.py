@@ -11,3 +11,7 @@ _registry.register_builtin()
 from t5lite.tasks import classification as _classification  # noqa: E402  (GPT heads)
 
 _classification.register()
+
+from t5lite.tasks import ablation_tasks as _ablation_tasks  # noqa: E402  (T5 paper tables)
+
+_ablation_tasks.register()

@@ -1,0 +1,55 @@
+"""Tasks and mixtures for the T5 paper's ablation tables (configs/ablations/), registered on
+import of t5lite.tasks like the built-ins, so `t5lite train --set data.mixture_or_task=...`
+finds them.
+
+Objective variants (pretraining on the local corpus, 8k vocabulary):
+  corpus_iid_denoising_rate{10,25,50}  Table 6: i.i.d. noise, spans -> sentinels, at 10/25/50%
+  corpus_span_corruption_len{2,5,10}   Table 7: 15% noise in spans of mean length 2/5/10
+(15% i.i.d. is the built-in corpus_iid_denoising, mean span 3 the built-in
+corpus_span_corruption; the other objectives of Tables 2-5 are built-ins too.)
+
+Multi-task mixtures (Table 11): the paper's unsupervised baseline task (corpus_iid_denoising)
+plus every local finetuning task, mixed
+  multitask_k{16..21}        examples-proportionally, rate min(N, K) with K = 2^k * K_SCALE
+  multitask_temperature{2,4,8}  min(N, K) ** (1/T) with the paper's K = 2^21 * K_SCALE
+  multitask_equal            equally.
+The paper's K values are for C4 and GLUE/SuperGLUE/WMT-sized tasks; the local sets are
+smaller (sentiment 3k, translation 15k, Debian sets 47k examples, corpus 303k lines), so K is
+scaled by K_SCALE = 2^-5: K = 2^16 then caps the corpus near the largest task, as in the paper.
+"""
+
+from __future__ import annotations
+
+from t5lite.tasks import registry
+
+K_SCALE = 2.0 ** -5
+IID_RATES = (10, 25, 50)  # percent; 15 = corpus_iid_denoising
+SPAN_LENGTHS = (2, 5, 10)  # mean span length; 3 = corpus_span_corruption
+MULTITASK_K = (16, 17, 18, 19, 20, 21)  # the paper's log2 K
+TEMPERATURES = (2, 4, 8)
+MULTITASK_BASE = "corpus_iid_denoising"
+
+
+def multitask_members() -> list[str]:
+    return [MULTITASK_BASE] + list(registry.FINETUNE)
+
+
+def scaled_k(log2_k: int) -> int:
+    return int(2 ** log2_k * K_SCALE)
+
+
+def register() -> None:
+    for rate in IID_RATES:
+        registry.register_pretraining_task(f"corpus_iid_denoising_rate{rate}", "iid_denoising",
+                                           noise_density=rate / 100)
+    for length in SPAN_LENGTHS:
+        registry.register_pretraining_task(f"corpus_span_corruption_len{length}",
+                                           "span_corruption",
+                                           mean_noise_span_length=float(length))
+    tasks = multitask_members()
+    for k in MULTITASK_K:
+        registry.register_mixture(f"multitask_k{k}", tasks, "proportional", cap=scaled_k(k))
+    for t in TEMPERATURES:
+        registry.register_mixture(f"multitask_temperature{t}", tasks, "temperature",
+                                  cap=scaled_k(21), temperature=float(t))
+    registry.register_mixture("multitask_equal", tasks, "equal")
