@@ -105,6 +105,10 @@ class DataConfig:
     train_split: str = "train"
     eval_split: str = "validation"
     data_dir: str = ""  # where prepared data lives; "" = $T5LITE_DATA_DIR or ~/.cache/t5lite
+    # your modules that register seqio tasks / mixtures, imported before the task lookup (also
+    # by eval / infer, from the saved config): "my_tasks" (importable from the current
+    # directory) or a path "path/to/my_tasks.py"
+    task_modules: tuple = ()
 
 
 @dataclasses.dataclass

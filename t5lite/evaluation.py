@@ -273,12 +273,14 @@ class TrainEvaluator:
 
     def __init__(self, cfg, model, workdir: str, mesh, logger=None):
         self.cfg, self.model, self.mesh, self.logger = cfg, model, mesh, logger
-        self.best_dir = os.path.join(os.path.abspath(workdir), "best")
+        from etils import epath
+        from t5lite import checkpointing
+        # workdirs may be local or gs://: file I/O through epath (see checkpointing.abspath)
+        self.best_dir = epath.Path(checkpointing.abspath(workdir)) / "best"
         self.best = None
-        path = os.path.join(self.best_dir, "metrics.json")
-        if os.path.exists(path):  # resumed run: beat the best kept so far
-            with open(path) as f:
-                self.best = json.load(f).get(cfg.eval.best_metric)
+        path = self.best_dir / "metrics.json"
+        if path.exists():  # resumed run: beat the best kept so far
+            self.best = json.loads(path.read_text()).get(cfg.eval.best_metric)
 
     @staticmethod
     def wanted(cfg) -> bool:
@@ -313,13 +315,13 @@ class TrainEvaluator:
     def _save(self, step: int, params, metrics: dict) -> None:
         import orbax.checkpoint as ocp
         ckptr = ocp.StandardCheckpointer()
-        ckptr.save(os.path.join(self.best_dir, "params"), params, force=True)
+        ckptr.save(self.best_dir / "params", params, force=True)
         ckptr.wait_until_finished()
         if jax.process_index() == 0:
-            with open(os.path.join(self.best_dir, "config.json"), "w") as f:
-                json.dump(config_lib.to_dict(self.cfg), f, indent=2)
-            with open(os.path.join(self.best_dir, "metrics.json"), "w") as f:
-                json.dump({"step": step, **metrics}, f, indent=2)
+            (self.best_dir / "config.json").write_text(
+                json.dumps(config_lib.to_dict(self.cfg), indent=2))
+            (self.best_dir / "metrics.json").write_text(
+                json.dumps({"step": step, **metrics}, indent=2))
 
 
 # ----------------------------------------------------------------------------- commands
@@ -334,7 +336,9 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     config_lib.validate(cfg)
     decoding.check(cfg.decode)
     if cfg.data.data_dir:
-        os.environ["T5LITE_DATA_DIR"] = os.path.abspath(cfg.data.data_dir)
+        os.environ["T5LITE_DATA_DIR"] = checkpointing.abspath(cfg.data.data_dir)
+    from t5lite.tasks import pipeline
+    pipeline.import_task_modules(cfg.data.task_modules)
     return cfg, build_model(cfg.model), params
 
 

@@ -195,6 +195,7 @@ def _prepare_tasks(cfg):
         # every process (hosts may have local disks); a file lock serialises shared ones
         local_data.ensure_prepared(cfg.train.prepare_data, cfg.data.data_dir)
     from t5lite.tasks import pipeline
+    pipeline.import_task_modules(cfg.data.task_modules)
     task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
     for name, feat in task.output_features.items():
         size = feat.vocabulary.vocab_size

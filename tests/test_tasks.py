@@ -198,3 +198,30 @@ def test_user_example_task(data_dir, tmp_path, monkeypatch):
     # 50% noise in spans of 10: the targets hold about as many tokens as the inputs.
     ratio = (b["decoder_target_tokens"] > 0).sum() / (b["encoder_input_tokens"] > 0).sum()
     assert 0.7 < ratio < 1.3
+
+
+def test_task_modules_from_config(tmp_path, monkeypatch):
+    """data.task_modules: a user's registering module, by path or by name from the current
+    directory, imported once (a second import would re-register and fail in seqio)."""
+    from t5lite import config as config_lib
+    from t5lite import trainer
+    from t5lite.errors import UserError
+    from t5lite.tasks import pipeline
+    for name in ("by_path", "by_name"):
+        (tmp_path / f"{name}_tasks.py").write_text(
+            "import seqio\nfrom t5lite.tasks import registry, vocabularies\n"
+            f"registry.register_pretraining_task('{name}_lm_task', 'lm', "
+            f"source=seqio.TextLineDataSource({{'train': '{tmp_path}/c.txt'}}))\n")
+    monkeypatch.chdir(tmp_path)
+    for modules, task in (((str(tmp_path / "by_path_tasks.py"),), "by_path_lm_task"),
+                          (("by_name_tasks",), "by_name_lm_task")):
+        cfg = config_lib.load_config("tiny_gpt_lm", [f"data.task_modules={modules!r}",
+                                                     f"data.mixture_or_task={task}",
+                                                     "train.prepare_data=()"])
+        for _ in range(2):
+            trainer._prepare_tasks(cfg)
+        assert task in seqio.TaskRegistry.names()
+    with pytest.raises(UserError, match="task_modules.*no_such_module"):
+        pipeline.import_task_modules(["no_such_module"])
+    with pytest.raises(UserError, match="missing.py"):
+        pipeline.import_task_modules([str(tmp_path / "missing.py")])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
 from typing import Mapping, Optional
 
 import seqio
@@ -10,6 +13,36 @@ import tensorflow as tf
 
 from t5lite.errors import UserError
 from t5lite.tasks import converters
+
+
+def _import_file(path: str) -> None:
+    key = "t5lite_user_tasks_" + os.path.splitext(os.path.basename(path))[0]
+    if key in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(key, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[key]
+        raise
+
+
+def import_task_modules(modules) -> None:
+    """Import the user's task-registering modules (data.task_modules) once each."""
+    for name in modules:
+        try:
+            if name.endswith(".py"):
+                _import_file(os.path.abspath(name))
+            else:
+                if os.getcwd() not in sys.path:
+                    sys.path.insert(0, os.getcwd())
+                importlib.import_module(name)
+        except (ImportError, FileNotFoundError) as e:
+            raise UserError(f"data.task_modules: cannot import {name!r} ({e}). Give a module "
+                            "importable from the current directory or a path to a .py "
+                            "file.") from None
 
 
 def get_mixture_or_task(name: str):
