@@ -1,4 +1,4 @@
-"""The `t5lite` command: train, eval, infer, quickstart, models, tasks, data, convert.
+"""The `t5lite` command: train, eval, infer, quickstart, models, tasks, data, convert, ablate.
 
 Each subcommand parses its flags here and calls one function in the module that owns the work,
 so this file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
@@ -84,6 +84,17 @@ def cmd_convert(args):
         convert.export_hf_command(args.src, args.dst)
 
 
+def cmd_ablate(args):
+    from t5lite import ablations
+    if args.list:
+        print(ablations.list_tables())
+        return
+    if not args.table or not args.workdir:
+        raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list).")
+    ablations.run(args.table, args.workdir, rows=args.rows or (), tasks=args.tasks or (),
+                  scale=args.scale, overrides=args.set or [], dry_run=args.dry_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="t5lite", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -147,6 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("src", help="import: local HF dir; export: t5lite checkpoint dir")
     sp.add_argument("dst", help="import: t5lite checkpoint dir; export: HF dir")
     sp.set_defaults(fn=cmd_convert)
+
+    sp = sub.add_parser("ablate", help="reproduce a T5 paper ablation table (configs/ablations/)")
+    sp.add_argument("--table", help="e.g. table6 (see --list)")
+    sp.add_argument("--workdir", help="runs in WORKDIR/<table>/<row>/, WORKDIR/<table>/table.md")
+    sp.add_argument("--rows", nargs="+", help="run only these rows (default: all)")
+    sp.add_argument("--tasks", nargs="+", help="downstream tasks (default: the table's)")
+    sp.add_argument("--scale", default="tiny",
+                    help="tiny (CPU, default) or paper (T5 base, 2^18 steps)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override for every row and stage (repeatable); "
+                    "pretrain.KEY=V / finetune.KEY=V: one stage only")
+    sp.add_argument("--dry-run", action="store_true",
+                    help="print the `t5lite train` / `t5lite eval` commands, train nothing")
+    sp.add_argument("--list", action="store_true", help="list the tables and their rows")
+    sp.set_defaults(fn=cmd_ablate)
     return p
 
 

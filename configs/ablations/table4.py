@@ -1,0 +1,29 @@
+"""T5 paper (Raffel et al. 2020), Table 4: three disparate pretraining objectives, prefix
+language modeling, BERT-style denoising and deshuffling (the paper marks no baseline here).
+
+Tasks corpus_prefix_lm (a chunk split at a random point: prefix -> continuation),
+corpus_bert_denoising (15% of tokens: 80% mask / 10% random / 10% kept; target = the original
+text) and corpus_deshuffling (shuffled tokens -> original order); each target is a full
+L - 1-token chunk, so the targets are L long. Encoder-decoder as in the paper.
+
+Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py), 128 input
+tokens, 150 + 150 steps, sentiment accuracy only (add `--tasks translate_en_de
+summarize_debian` for BLEU / ROUGE-2). `--scale paper`: T5 base, 512 tokens, 2^18 + 2^18
+steps (t5lite/ablations.py SCALES).
+
+    t5lite ablate --table table4 --workdir runs/ablate
+"""
+
+from t5lite.ablations import Row, Table
+
+TABLE = Table(
+    name="table4",
+    caption="Performance of the three disparate pre-training objectives.",
+    label_columns=("Objective",),
+    rows=tuple(Row(name, (label,), pretrain=(f"data.mixture_or_task={task}",
+                                             "data.feature_lengths.targets:=L"))
+               for name, label, task in (
+                   ("prefix_lm", "Prefix language modeling", "corpus_prefix_lm"),
+                   ("bert_style", "BERT-style (Devlin et al., 2018)", "corpus_bert_denoising"),
+                   ("deshuffling", "Deshuffling", "corpus_deshuffling"))),
+)
