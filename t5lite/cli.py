@@ -183,8 +183,29 @@ def main(argv=None) -> int:
         args.fn(args)
     except UserError as e:
         print(f"t5lite: error: {e}", file=sys.stderr)
+        _exit_now_if_distributed(2)
         return 2
+    except BaseException:
+        if _distributed():
+            import traceback
+            traceback.print_exc()
+            _exit_now_if_distributed(1)
+        raise
     return 0
+
+
+def _distributed() -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.distributed.is_initialized()
+
+
+def _exit_now_if_distributed(code: int) -> None:
+    """In a multi-process job a failing process exits at once: a normal exit would wait in
+    jax.distributed's shutdown barrier (minutes) for peers that are waiting on it."""
+    if _distributed():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
