@@ -8,8 +8,11 @@ helpers in _namespace), so a row such as "half the layers" or "targets long enou
 corruption" holds at any scale.
 
 Overrides of a stage apply in this order (later wins):
-    base config file <- DOWNSTREAM task (finetuning) <- SCALES[scale] <- table <- row (both
-    stages, then this stage) <- user `--set` (`pretrain.KEY=V` / `finetune.KEY=V`: one stage).
+    base config file <- DOWNSTREAM task (finetuning) <- SCALES[scale] <- user `--set`
+    (`pretrain.KEY=V` / `finetune.KEY=V`: one stage) <- table <- row (both stages, then this
+    stage).
+The user's overrides adjust the scale (model size, steps, lengths, data dir) under every row,
+so a row's `:=` values follow them and the row's own change always holds.
 
 `run` does, per row: pretrain into WORKDIR/<table>/<row>/pretrain; finetune on each task into
 .../finetune_<task> (from the pretrained params); evaluate the best params (by the task's
@@ -290,16 +293,15 @@ def plan_row(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: 
         raise UserError(f"unknown scale {scale!r}; one of {', '.join(SCALES)}.")
     sc, user = SCALES[scale], split_user_overrides(overrides)
     row_dir = _join(workdir, table.name, row.name)
-    layers = (list(sc.pretrain) + list(table.pretrain) + list(row.both) + list(row.pretrain)
-              + user["pretrain"])
+    layers = (list(sc.pretrain) + user["pretrain"] + list(table.pretrain) + list(row.both)
+              + list(row.pretrain))
     plain, cfg = resolve(table.pretrain_config, layers)
     pre = Stage("pretrain", table.pretrain_config, _join(row_dir, "pretrain"), plain, cfg)
     stages = []
     for task in tasks:
         d = DOWNSTREAM[task]
-        layers = (list(d.overrides) + list(sc.finetune) + list(table.finetune) + list(row.both)
-                  + list(row.finetune) + user["finetune"]
-                  + [f"checkpoint.init_from={pre.workdir}"])
+        layers = (list(d.overrides) + list(sc.finetune) + user["finetune"] + list(table.finetune)
+                  + list(row.both) + list(row.finetune) + [f"checkpoint.init_from={pre.workdir}"])
         plain, cfg = resolve(d.config, layers)
         stages.append(Stage("finetune", d.config, _join(row_dir, f"finetune_{task}"), plain,
                             cfg, task))

@@ -159,6 +159,19 @@ def test_computed_overrides_and_user_overrides_by_stage():
     assert ft.cfg.data.batch_size == 8 and pre.cfg.data.batch_size != 8
     assert pre.cfg.data.feature_lengths == {"inputs": 128,
                                            "targets": ablations.iid_targets(128, 0.5)}
+    # user overrides adjust the scale under the rows: the rows' computed values follow them
+    pre, _ = ablations.plan_row(table, row, "/w", ("sentiment",), overrides=[
+        "data.feature_lengths={'inputs': 64, 'targets': 8}"])
+    assert pre.cfg.data.feature_lengths == {"inputs": 64,
+                                           "targets": ablations.iid_targets(64, 0.5)}
+    t2 = ablations.load_table("table2")
+    pre, (ft,) = ablations.plan_row(t2, t2.row("half_lm"), "/w", ("sentiment",), overrides=[
+        "model.num_encoder_layers=6", "model.num_decoder_layers=6"])
+    assert pre.cfg.model.num_encoder_layers == ft.cfg.model.num_decoder_layers == 3
+    t10 = ablations.load_table("table10")
+    _, (ft,) = ablations.plan_row(t10, t10.row("gradual_unfreezing"), "/w", ("sentiment",),
+                                  overrides=["finetune.train.steps=1200"])
+    assert ft.cfg.model.peft.unfreeze_every == 1200 // 4
     # `:=` sees the overrides before it; every key appears once in the plain list
     plain, cfg = ablations.resolve("quickstart", ["data.feature_lengths.inputs=64",
                                                   "train.steps:=L * 2", "train.steps=5",
@@ -231,21 +244,30 @@ def test_render_from_result_files(tmp_path):
     assert lines[-1].endswith("Not run yet: rate10, rate25.") and "Scale: tiny" in lines[-1]
 
 
-@pytest.mark.slow
-def test_two_rows_end_to_end_and_resume(data_dir, tmp_path, monkeypatch, capsys):
-    """Table 6 rows 10% and 50% for a few steps of a small model, then a rerun (~70 s on an
-    idle 2-core CPU: about 40 compiles)."""
+SMALL = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_ff=64",
+         "model.num_encoder_layers=1", "model.num_decoder_layers=1", "model.vocab_size=768",
+         "train.prepare_data=()", "train.log_every=1"]
+
+
+@pytest.fixture
+def test_scale(monkeypatch):
+    """A few steps at 32 input tokens; the rows' `:=` lengths follow (they see L = 32)."""
     train_helpers.enable_compilation_cache()  # the rows' finetuning programs are the same
     monkeypatch.setitem(ablations.SCALES, "test", ablations.Scale(
         pretrain=("train.steps=3", "checkpoint.every_steps=3", "train.eval_steps=0",
                   "data.batch_size=8", "data.feature_lengths={'inputs': 32, 'targets': 16}"),
         finetune=("train.steps=2", "checkpoint.every_steps=2", "eval.every_steps=2",
                   "train.eval_steps=0", "data.batch_size=8", "eval.max_examples=8")))
-    small = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_ff=64",
-             "model.num_encoder_layers=1", "model.num_decoder_layers=1",
-             "model.vocab_size=768", "train.prepare_data=()", "train.log_every=1"]
+    return "test"
+
+
+@pytest.mark.slow
+def test_two_rows_end_to_end_and_resume(data_dir, tmp_path, test_scale, capsys):
+    """Table 6 rows 10% and 50% for a few steps of a small model, then a rerun (~70 s on an
+    idle 2-core CPU: about 40 compiles)."""
+    small = SMALL
     wd = str(tmp_path / "abl")
-    results = ablations.run("table6", wd, rows=["rate10", "rate50"], scale="test",
+    results = ablations.run("table6", wd, rows=["rate10", "rate50"], scale=test_scale,
                             overrides=small)
     assert set(results) == {"rate10", "rate50"}
     for r in results.values():
@@ -262,12 +284,27 @@ def test_two_rows_end_to_end_and_resume(data_dir, tmp_path, monkeypatch, capsys)
     capsys.readouterr()
 
     before = os.path.getmtime(os.path.join(wd, "table6", "rate10", "result.json"))
-    again = ablations.run("table6", wd, rows=["rate10", "rate50"], scale="test",
+    again = ablations.run("table6", wd, rows=["rate10", "rate50"], scale=test_scale,
                           overrides=small)
     out = capsys.readouterr().out
     assert out.count("done earlier, skipped") == 4  # pretrain + finetune of both rows
     assert again == results
     assert os.path.getmtime(os.path.join(wd, "table6", "rate10", "result.json")) == before
     with pytest.raises(UserError, match="different config"):  # same workdir, other settings
-        ablations.run("table6", wd, rows=["rate10"], scale="test",
+        ablations.run("table6", wd, rows=["rate10"], scale=test_scale,
                       overrides=small + ["train.seed=1"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table,row", [
+    ("table2", "lm_denoising"), ("table2", "prefixlm_lm"), ("table2", "shared_lm"),
+    ("table4", "deshuffling"), ("table5", "drop_tokens"), ("table7", "span10"),
+    ("table10", "adapters32"), ("table10", "gradual_unfreezing"), ("table11", "t2")])
+def test_each_kind_of_row_runs(data_dir, tmp_path, test_scale, table, row):
+    """Other architectures, objectives, PEFT finetuning, a multi-task row: ~1 min each."""
+    overrides = SMALL + (["model.num_encoder_layers=2", "model.num_decoder_layers=2"]
+                         if table == "table10" else [])  # layers to unfreeze one by one
+    (result,) = ablations.run(table, str(tmp_path), rows=[row], scale=test_scale,
+                              overrides=overrides).values()
+    assert 0.0 <= result["metrics"]["sentiment/accuracy"] <= 100.0
+    assert ("finetune_sentiment" in result["seconds"]) == (table != "table11")
