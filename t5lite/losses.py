@@ -8,6 +8,9 @@ them to each micro-batch, so the sum over micro-batches is exactly the big-batch
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -18,22 +21,61 @@ def cross_entropy_with_logits(logits, targets, label_smoothing=0.0, z_loss=0.0):
     Label smoothing puts `label_smoothing` mass uniformly on the other V-1 classes and subtracts
     the entropy of that soft target, so a perfect prediction has loss 0. The z-loss
     z_loss * log(Z)^2 keeps the softmax normaliser near 1 (PaLM / T5X).
+    The gradient is hand-written (as T5X's): one fused pass over [..., V] instead of autodiff's
+    chain of [..., V] temporaries, which dominates a CPU train step with a large vocabulary.
     """
-    logits = logits.astype(jnp.float32)
+    return _xent(logits.astype(jnp.float32), targets, float(label_smoothing), float(z_loss))
+
+
+def _soft_target_weights(vocab, label_smoothing):
+    """(weight of the label, weight of every other class, entropy of the soft target)."""
+    if label_smoothing <= 0.0:
+        return 1.0, 0.0, 0.0
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab - 1)
+    entropy = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
+    return confidence, low, entropy
+
+
+def _xent_fwd(logits, targets, label_smoothing, z_loss):
     vocab = logits.shape[-1]
+    hi, low, entropy = _soft_target_weights(vocab, label_smoothing)
     log_z = jax.nn.logsumexp(logits, axis=-1)
-    log_probs = logits - log_z[..., None]
-    if label_smoothing > 0.0:
-        confidence = 1.0 - label_smoothing
-        low = label_smoothing / (vocab - 1)
-        norm_const = -(confidence * jnp.log(confidence)
-                       + (vocab - 1) * low * jnp.log(low + 1e-20))
-        soft = low + (confidence - low) * jax.nn.one_hot(targets, vocab)
-        ce = -jnp.sum(soft * log_probs, axis=-1) - norm_const
-    else:
-        ce = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    zl = z_loss * jnp.square(log_z)
-    return ce, zl
+    # sum(soft * logits) with soft = low + (hi - low) * one_hot(targets); sum(soft) = 1
+    label_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    soft_logit = (hi - low) * label_logit
+    if low:
+        soft_logit = soft_logit + low * jnp.sum(logits, axis=-1)
+    ce = log_z - soft_logit - entropy
+    return (ce, z_loss * jnp.square(log_z)), (logits, targets, log_z)
+
+
+def _xent_bwd(label_smoothing, z_loss, res, g):
+    """d/dlogits = softmax * (g_ce + 2 z log_z g_z) - soft_target * g_ce."""
+    logits, targets, log_z = res
+    g_ce, g_z = g
+    hi, low, _ = _soft_target_weights(logits.shape[-1], label_smoothing)
+    labels = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == targets[
+        ..., None]
+    soft = jnp.where(labels, hi, low)
+    p_scale = (g_ce + 2.0 * z_loss * log_z * g_z)[..., None]
+    d_logits = jnp.exp(logits - log_z[..., None]) * p_scale - soft * g_ce[..., None]
+    return d_logits, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _xent(logits, targets, label_smoothing, z_loss):
+    return _xent_fwd(logits, targets, label_smoothing, z_loss)[0]
+
+
+_xent.defvjp(_xent_fwd, _xent_bwd)
+
+
+def _is_top1(logits, targets):
+    """argmax(logits) == targets, as "the target's logit is the maximum" (ties aside): a plain
+    max-reduce, where XLA:CPU's (value, index) argmax reduce is ~20x slower over a vocabulary."""
+    label = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return label >= jnp.max(logits, axis=-1)
 
 
 def _token_keys(batch):
@@ -127,7 +169,7 @@ def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
                                        cfg.train.z_loss)
     ce_sum, z_sum = jnp.sum(ce * weights), jnp.sum(zl * weights)
     loss = (ce_sum + z_sum) / norms["loss"]
-    correct = (jnp.argmax(outputs["logits"], -1) == targets).astype(jnp.float32) * weights
+    correct = _is_top1(outputs["logits"], targets).astype(jnp.float32) * weights
     metrics["cross_entropy"] = ce_sum / norms["tokens"]  # per real token, whatever the factor
     metrics["z_loss"] = z_sum / norms["tokens"]
     metrics["accuracy"] = jnp.sum(correct) / norms["tokens"]
