@@ -1,7 +1,7 @@
 """Train-step throughput, MFU and peak memory: t5lite (JAX) vs Hugging Face PyTorch, same models.
 
     python bench/train_throughput.py [--families t5,bert,gpt] [--sizes tiny,small]
-        [--steps 5] [--batch 0] [--dropout 0.0] [--peak-flops 0]
+        [--steps 3] [--warmup 1] [--batch 0] [--dropout 0.0] [--peak-flops 0]
 
 For each family and size, one fresh subprocess runs our real train step (trainer.make_train_step:
 jitted forward + backward + AdamW, state donated, as `t5lite train` runs it) and a second one
@@ -19,9 +19,11 @@ sides compute the same model). Each side warms up (ours: XLA compile) and then t
 - peak memory: the device's peak_bytes_in_use where JAX reports memory_stats (accelerators),
   else (CPU; always for HF) the subprocess's max RSS (getrusage) minus its RSS after imports:
   params, optimizer state, activations, compiled code and allocator slack.
-Sizes: tiny = the configs/*_tiny presets (8k vocab); small = T5 v1.1 small (77M), BERT base
-(110M: the repo has no BERT small; it is GPT-2 small's shape) and GPT-2 small (124M), all in
-float32 on CPU. Dropout 0 in both by default (--dropout sets it in both), so losses compare.
+Sizes: tiny = the configs/*_tiny presets (8k vocab), batch 32; small = T5 v1.1 small (77M),
+BERT base (110M: the repo has no BERT small; it is GPT-2 small's shape) and GPT-2 small
+(124M), batch 4 (so that the whole default run stays near 10 minutes on 2 cores). Lengths:
+T5 inputs 128 / targets 32, BERT and GPT 128. All float32, as the AdamW update is; dropout 0
+in both by default (--dropout sets it in both), so the first-step losses compare.
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ SIZES = ("tiny", "small")
 # (preset size, batch, feature lengths) per family and bench size
 CASES = {
     ("t5", "tiny"): ("tiny", 32, {"inputs": 128, "targets": 32}),
-    ("t5", "small"): ("small", 8, {"inputs": 128, "targets": 32}),
+    ("t5", "small"): ("small", 4, {"inputs": 128, "targets": 32}),
     ("bert", "tiny"): ("tiny", 32, {"inputs": 128}),
-    ("bert", "small"): ("base", 8, {"inputs": 128}),
+    ("bert", "small"): ("base", 4, {"inputs": 128}),
     ("gpt", "tiny"): ("tiny", 32, {"targets": 128}),
-    ("gpt", "small"): ("small", 8, {"targets": 128}),
+    ("gpt", "small"): ("small", 4, {"targets": 128}),
 }
 MASK_RATE = 0.15  # BERT: fraction of positions masked (and scored)
 
@@ -123,12 +125,13 @@ def _rss_mib() -> float:
 
 
 def _time_steps(step, first, batches, steps, sync=lambda out: out):
-    """Run `first` (warm-up, returns the loss of step 1), then `steps` timed steps; `sync`
-    waits for the last step's result (JAX dispatches asynchronously)."""
+    """Run `first` (warm-up, returns the loss of step 1), then `steps` timed steps (starting
+    on the batch after the warm-up's first); `sync` waits for the last step's result (JAX
+    dispatches asynchronously)."""
     loss0 = first()
     t0 = time.perf_counter()
     for i in range(steps):
-        out = step(batches[i % len(batches)])
+        out = step(batches[(i + 1) % len(batches)])
     sync(out)
     return loss0, (time.perf_counter() - t0) / steps
 
@@ -177,7 +180,8 @@ def run_ours(args) -> dict:
         t0 = time.perf_counter()
         loss0 = float(step(dev_batches[0])["loss"])  # compiles
         box["compile_s"] = time.perf_counter() - t0
-        jax.block_until_ready(step(dev_batches[1]))
+        for i in range(1, args.warmup):
+            jax.block_until_ready(step(dev_batches[i % 2]))
         return loss0
 
     loss0, step_s = _time_steps(step, first, dev_batches, args.steps, jax.block_until_ready)
@@ -223,8 +227,9 @@ def run_hf(args) -> dict:
         return loss
 
     def first():
-        loss0 = float(step(batches[0]))
-        step(batches[1])
+        loss0 = float(step(batches[0]))  # allocates the AdamW state
+        for i in range(1, args.warmup):
+            step(batches[i % 2])
         return loss0
 
     loss0, step_s = _time_steps(step, first, batches, args.steps)
@@ -271,7 +276,8 @@ def measure_peak_flops(reps: int = 10) -> float:
 
 def child(side: str, family: str, size: str, args, hf_dir: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--families", family,
-           "--sizes", size, "--steps", str(args.steps), "--batch", str(args.batch),
+           "--sizes", size, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--batch", str(args.batch),
            "--dropout", str(args.dropout), "--hf-dir", hf_dir]
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -285,8 +291,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--sizes", default=",".join(SIZES))
-    p.add_argument("--steps", type=int, default=5, help="timed steps per side (after 2 warm-up)")
-    p.add_argument("--batch", type=int, default=0, help="batch size (0: tiny 32, small 8)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per side")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed steps per side before them (ours: the first one compiles)")
+    p.add_argument("--batch", type=int, default=0, help="batch size (0: tiny 32, small 4)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout rate in both models")
     p.add_argument("--peak-flops", type=float, default=0.0,
                    help="peak FLOP/s for MFU (0: measure a float32 2048^2 jnp.dot)")
