@@ -203,7 +203,7 @@ def run_ours(args) -> dict:
 def run_hf(args) -> dict:
     import torch
     import transformers
-    torch.set_num_threads(os.cpu_count())
+    torch.set_num_threads(args.hf_threads or os.cpu_count())
     cls = {"t5": transformers.T5ForConditionalGeneration, "bert": transformers.BertForMaskedLM,
            "gpt": transformers.GPT2LMHeadModel}[args.family]  # (imports the modeling code)
     base = _rss_mib()
@@ -277,7 +277,7 @@ def measure_peak_flops(reps: int = 10) -> float:
 def child(side: str, family: str, size: str, args, hf_dir: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--families", family,
            "--sizes", size, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--batch", str(args.batch),
+           "--batch", str(args.batch), "--hf-threads", str(args.hf_threads),
            "--dropout", str(args.dropout), "--hf-dir", hf_dir]
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -296,6 +296,10 @@ def main(argv=None):
                    help="untimed steps per side before them (ours: the first one compiles)")
     p.add_argument("--batch", type=int, default=0, help="batch size (0: tiny 32, small 4)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout rate in both models")
+    p.add_argument("--hf-threads", type=int, default=0,
+                   help="torch intra-op threads (0: os.cpu_count(), the cores XLA uses). On a "
+                        "machine shared with other jobs, 1 can be faster: torch's OpenMP "
+                        "threads wait for each other at every op")
     p.add_argument("--peak-flops", type=float, default=0.0,
                    help="peak FLOP/s for MFU (0: measure a float32 2048^2 jnp.dot)")
     p.add_argument("--child", choices=("ours", "hf"), help=argparse.SUPPRESS)
@@ -316,7 +320,8 @@ def main(argv=None):
     peak = args.peak_flops or measure_peak_flops()
     how = "--peak-flops" if args.peak_flops else "measured float32 jnp.dot 2048x2048"
     print(f"{os.cpu_count()} CPU cores, jax {jax.__version__} ({jax.devices()[0].platform}); "
-          f"peak {peak / 1e9:.1f} GFLOP/s ({how}); load average "
+          f"peak {peak / 1e9:.1f} GFLOP/s ({how}); torch threads "
+          f"{args.hf_threads or os.cpu_count()}; load average "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     rows = []
     for family in families:
@@ -339,6 +344,7 @@ def main(argv=None):
             rows.append(row)
             print(json.dumps(dict(row, ours=ours, hf=hf)), flush=True)
     print_table(rows)
+    print("load average at the end " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 def print_table(rows):
