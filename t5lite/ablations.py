@@ -288,7 +288,8 @@ def _join(*parts) -> str:
 
 def plan_row(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: str = "tiny",
              overrides: Sequence[str] = ()) -> tuple[Stage, list[Stage]]:
-    """-> (pretraining stage, finetuning stages; none for a multi-task row)."""
+    """-> (pretraining stage, one finetuning stage per task). A multi-task row trains no
+    finetuning stage; its test decoding follows the task's finetuning config."""
     if scale not in SCALES:
         raise UserError(f"unknown scale {scale!r}; one of {', '.join(SCALES)}.")
     sc, user = SCALES[scale], split_user_overrides(overrides)
