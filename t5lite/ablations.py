@@ -375,10 +375,11 @@ def _train(stage: Stage) -> float:
     return seconds
 
 
-def _test(pre: Stage, ft: Stage, multitask: bool, row_dir: str) -> dict:
-    """Held-out test metrics of the task (cached in ROW/test_<task>.json)."""
+def _test(pre: Stage, ft: Stage, multitask: bool) -> dict:
+    """Held-out test metrics of the task, cached as test_<task>.json in the evaluated stage's
+    workdir (so deleting a stage to redo it drops its numbers too)."""
     from t5lite import evaluation
-    path = _join(row_dir, f"test_{ft.task}.json")
+    path = _join(pre.workdir if multitask else ft.workdir, f"test_{ft.task}.json")
     cached = _read_json(path)
     if cached is not None:
         return cached
@@ -424,7 +425,7 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
         for ft in fts:
             if not row.multitask:
                 seconds[f"finetune_{ft.task}"] = _train(ft)
-            metrics.update(_test(pre, ft, row.multitask, row_dir))
+            metrics.update(_test(pre, ft, row.multitask))
         old = _read_json(_join(row_dir, "result.json")) or {}
         results[row.name] = {
             "table": table.name, "row": row.name, "label": list(row.label),
