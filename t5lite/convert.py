@@ -253,7 +253,7 @@ def family_of(m) -> str:
                    scale_attn_logits=False, num_classes=0),
         "bert": dict(architecture="encoder_only", norm="layernorm", pre_norm=False, use_bias=True,
                      position="learned", embed_norm=True, scale_attn_logits=True,
-                     pooler=m.nsp_head, num_classes=0),
+                     num_classes=0),
         "gpt2": dict(architecture="decoder_only", norm="layernorm", pre_norm=True, use_bias=True,
                      position="learned", embed_norm=False, scale_attn_logits=True, num_classes=0),
     }

@@ -264,3 +264,23 @@ def test_t5_rescaled_head_with_own_weights_folds_the_scale(hf_models, tmp_path):
     assert not cfg.model.tie_embeddings
     np.testing.assert_allclose(p["decoder"]["logits_dense"]["kernel"],
                                head.T * cfg.model.d_model ** -0.5, rtol=1e-6)
+
+
+def test_bert_preset_with_pooler_but_no_nsp_exports_and_round_trips(tmp_path):
+    """The BERT presets (MLM pretraining: pooler, no NSP head) export as BertForMaskedLM with
+    the pooler weights kept, load in transformers, and import back bit-exactly."""
+    import flax.linen as nn
+    import transformers
+    from t5lite import config as config_lib
+    from t5lite.models import build_model, dummy_batch
+    cfg = config_lib.load_config("bert_tiny")
+    assert cfg.model.pooler and not cfg.model.nsp_head
+    batch = dummy_batch(cfg.model, 1, {"inputs": 8})
+    params = nn.meta.unbox(build_model(cfg.model).init(jax.random.key(0), batch,
+                                                        deterministic=True)["params"])
+    out = convert.t5lite_to_hf(cfg, jax.device_get(params), str(tmp_path / "hf"))
+    pooler = transformers.BertModel.from_pretrained(out).pooler.dense.weight.detach().numpy()
+    np.testing.assert_array_equal(pooler, np.asarray(params["pooler"]["kernel"]).T)
+    cfg2, params2 = convert.hf_to_t5lite(out)
+    assert cfg2.model.pooler and not cfg2.model.nsp_head
+    assert_bitwise_equal(params, params2)
