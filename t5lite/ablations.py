@@ -118,8 +118,9 @@ _T5_BASE = ("model.d_model=768", "model.num_heads=12", "model.head_dim=64", "mod
             "model.tie_embeddings=True", "model.scale_tied_logits=True",
             "model.dropout_rate=0.1", "model.dtype=bfloat16", "data.batch_size=128")
 SCALES = {
-    # CPU: tiny T5 v1.1 (2+2 layers, d_model 128, 8k vocab); 128-token inputs; about 3-6
-    # minutes per row (one downstream task) on 2 cores.
+    # CPU: tiny T5 v1.1 (2+2 layers, d_model 128, 8k vocabulary), 128-token inputs. Sized
+    # for ~3-6 minutes per row (sentiment only) on 2 idle cores: configs/quickstart.py measured
+    # ~1 s per pretraining step there; the finetuning steps are cheaper (64 + 4 tokens).
     "tiny": Scale(
         pretrain=("train.steps=150", "checkpoint.every_steps=50", "train.eval_every=0"),
         finetune=("train.steps=150", "eval.every_steps=50", "checkpoint.every_steps=50")),
