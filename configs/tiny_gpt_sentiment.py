@@ -6,6 +6,10 @@ decoded label on validation, best params in WORKDIR/best. From a tiny_gpt_lm pre
     t5lite train --config configs/tiny_gpt_sentiment.py --workdir runs/gpt_sentiment \\
         --set checkpoint.init_from=runs/gpt_lm
 For a classification head on the last token instead, see configs/tiny_gpt_classify.py.
+
+Measured (bench/finetune_e2e.sh, 2 busy CPU cores): from the 400-step tiny_gpt_lm run (LM loss
+5.8), best validation accuracy 61.0% at step 200; held-out test accuracy 60.7% (majority class
+50.7%), ~7 min. With the earlier 5e-4 linear-decay setting it stayed at the majority class.
 """
 
 from t5lite.config import load_config
@@ -19,16 +23,16 @@ def get_config():
     cfg.data.batch_size = 32
     cfg.data.pack = False
     cfg.train.prepare_data = ("sentiment", "vocab_sp8k")
-    cfg.optim.name, cfg.optim.schedule = "adamw", "linear"
-    cfg.optim.learning_rate, cfg.optim.warmup_steps = 5e-4, 30
+    cfg.optim.name, cfg.optim.schedule = "adamw", "constant"
+    cfg.optim.learning_rate, cfg.optim.warmup_steps = 2e-3, 30
     cfg.optim.weight_decay, cfg.optim.clip_grad_norm = 0.01, 1.0
-    cfg.train.steps = 300
+    cfg.train.steps = 600
     cfg.train.z_loss = 0.0
     cfg.train.log_every = 20
     cfg.train.eval_every = 0
-    cfg.checkpoint.every_steps = 300
+    cfg.checkpoint.every_steps = 600
     cfg.checkpoint.keep = 1
-    cfg.eval.every_steps = 100
+    cfg.eval.every_steps = 200
     cfg.eval.best_metric = "sentiment/accuracy"
     cfg.eval.batch_size = 64
     cfg.decode.max_length = 4
