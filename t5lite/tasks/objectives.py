@@ -9,14 +9,14 @@ The unsupervised objectives (Raffel et al. 2020, Section 3.3) are all one ``deno
 different noise mask, inputs function and targets function:
 
   objective (paper)        noise_mask  inputs_fn                       targets_fn
-  span corruption (Tab. 5) spans       noise_span_to_unique_sentinel   nonnoise_span_to_unique_...
+  span corruption (Tab. 7) spans       noise_span_to_unique_sentinel   nonnoise_span_to_unique_...
   i.i.d. / replace spans   iid         noise_span_to_unique_sentinel   nonnoise_span_to_unique_...
   drop corrupted tokens    iid         drop_noise_tokens               drop_nonnoise_tokens
   BERT-style               iid         noise_token_to_random_token_or_sentinel  original_tokens
   MASS-style               iid         noise_token_to_sentinel         original_tokens
 
-with deshuffling, prefix LM and full LM alongside. Corruption rate (Table 4) is
-``noise_density``, span length (Table 5) ``mean_noise_span_length``; Tables 6-7 (data set and
+with deshuffling, prefix LM and full LM alongside. Corruption rate (Table 6) is
+``noise_density``, span length (Table 7) ``mean_noise_span_length``; Tables 8-9 (data set and
 size) are the task choice plus ``limit_tokens``.
 
 Sentinels count down from the end of the vocabulary: span k (k = 0, 1, ...) gets
@@ -236,7 +236,7 @@ def concat_and_split(ds: tf.data.Dataset, length: int, key: str = "targets",
 
 
 def limit_tokens(dataset: tf.data.Dataset, max_tokens: int, key: str = "targets"):
-    """Keep the first examples until ``max_tokens`` tokens (the paper's Table 7 data sizes;
+    """Keep the first examples until ``max_tokens`` tokens (the paper's Table 9 data sizes;
     the training pipeline repeats the result)."""
     def step(total, ex):
         total += tf.cast(tf.size(ex[key]), tf.int64)
