@@ -286,6 +286,31 @@ def test_gradual_unfreezing_opens_top_layers_first_without_recompiling():
     assert step.jitted._cache_size() == 1  # the schedule lives in the optimizer state
 
 
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("tied", [True, False])
+def test_gradual_unfreezing_groups_follow_the_paper(scan, tied):
+    """T5 paper 3.5.1: encoder and decoder open in parallel from the top, one layer of each per
+    episode; a tied input/output embedding trains throughout, an untied input embedding last."""
+    cfg = dataclasses.replace(tiny("encoder_decoder", scan=scan), num_encoder_layers=3,
+                              num_decoder_layers=3, tie_embeddings=tied)
+    groups = {k: np.asarray(v) for k, v in flat(peft.unfreeze_groups(cfg, shapes(cfg))).items()}
+    assert peft.total_layers(cfg) == 3
+    for stack, attn in (("encoder", "attention"), ("decoder", "self_attention")):
+        if scan:
+            assert groups[f"{stack}/layers/{attn}/query/kernel"].ravel().tolist() == [2, 1, 0]
+        else:
+            assert [int(groups[f"{stack}/layers_{i}/{attn}/query/kernel"])
+                    for i in range(3)] == [2, 1, 0]
+    assert int(groups["decoder/decoder_norm/scale"]) == 0
+    assert int(groups["token_embedder/embedding"]) == (0 if tied else 3)
+    assert int(groups["encoder/relpos_bias/rel_embedding"]) == 3
+    if not tied:
+        assert int(groups["decoder/logits_dense/kernel"]) == 0
+    opened = [int(peft.opened_groups(
+        dataclasses.replace(cfg, peft=PeftConfig(unfreeze_every=5)), s)) for s in (0, 4, 5, 14)]
+    assert opened == [1, 1, 2, 3]
+
+
 # ----------------------------------------------------------------------------- merge / save
 
 

@@ -8,9 +8,10 @@ Pretraining is the same in every row (the baseline objective); only the finetuni
 changes, so the rows could share one pretrained model; each row still pretrains its own (same
 seed, same result) to keep rows independent and resumable.
 Differences from the paper: at tiny scale d_model is 128, so d = 512 and 2048 are wider than
-the model (the paper: d_model 768). Gradual unfreezing here opens the decoder's layers, then
-the encoder's, one layer per episode (t5lite/models/peft.py); the paper opens one encoder and
-one decoder layer together in each of 12 episodes.
+the model (the paper: d_model 768). Gradual unfreezing follows the paper: each episode opens
+one more encoder and one more decoder layer, from the top (t5lite/models/peft.py); the tiny
+model has 4 + 4 layers, so 4 episodes instead of 12. Its untied input embedding (T5 v1.1)
+opens last; the paper's tied embedding trains throughout.
 
 Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py), 128 input
 tokens, 150 + 150 steps, sentiment accuracy only (add `--tasks translate_en_de

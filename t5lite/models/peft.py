@@ -271,66 +271,76 @@ class UnfreezeState(NamedTuple):
     inner: Any
 
 
-def layer_depths(cfg, params):
-    """Pytree like params of int arrays broadcastable to each leaf: the layer index counted
-    from the bottom (encoder layers first, then decoder layers); -1 for embeddings (and the
-    soft prompt), a large number for everything above the layers (final norms, heads)."""
+def _embedding_is_output_layer(m) -> bool:
+    """The token embedding doubles as the output layer (tied LM head of T5 v1.0 / GPT)."""
+    return m.tie_embeddings and m.architecture != "encoder_only"
+
+
+def unfreeze_groups(cfg, params):
+    """Pytree like params of int arrays broadcastable to each leaf: the unfreezing group, i.e.
+    the step (in units of ``unfreeze_every``) from which a parameter trains. As in the T5 paper
+    (Sec. 3.5.1, after Howard and Ruder 2018): group 0 is the top layer of every stack with
+    everything above it (final norms, heads, the output layer); layer i of a stack of n layers
+    is group n-1-i, so encoder and decoder open in parallel from the top; the input embeddings
+    (and soft prompt, relative-position bias) open last, except a token embedding tied to the
+    output layer, which trains throughout ("since the parameters of our input embedding matrix
+    and output classification matrix are shared, we update them throughout fine-tuning")."""
     m = getattr(cfg, "model", cfg)
-    enc = m.num_encoder_layers if (m.architecture in ("encoder_decoder", "encoder_only")
-                                   and not m.shared_encoder_decoder) else 0
-    offset = {"encoder": 0, "decoder": enc}
-    top = 1 << 20
-    bottom_names = ("token_embedder", "position_embedder", "token_type_embedder", "embed_norm",
-                    "relpos_bias", PROMPT_NAME)
+    stack = {"encoder": m.num_encoder_layers, "decoder": m.num_decoder_layers}
+    bottom = total_layers(cfg)
+    bottom_names = ("position_embedder", "token_type_embedder", "embed_norm", "relpos_bias",
+                    PROMPT_NAME)
     leaves, treedef = _leaves(params)
     out = []
     for path, leaf in leaves:
         parts = path_str(path).split("/")
-        depth = np.array(top)
-        if parts[0] in offset and len(parts) > 1 and parts[1] == "layers":
+        group = np.array(0)
+        if parts[0] in stack and len(parts) > 1 and parts[1] == "layers":
             n = leaf.shape[0]
-            depth = (offset[parts[0]] + np.arange(n)).reshape((n,) + (1,) * (len(leaf.shape) - 1))
-        elif parts[0] in offset and len(parts) > 1 and parts[1].startswith("layers_"):
-            depth = np.array(offset[parts[0]] + int(parts[1][len("layers_"):]))
-        elif any(p in bottom_names for p in parts):
-            depth = np.array(-1)
-        out.append(depth)
+            group = (n - 1 - np.arange(n)).reshape((n,) + (1,) * (len(leaf.shape) - 1))
+        elif parts[0] in stack and len(parts) > 1 and parts[1].startswith("layers_"):
+            group = np.array(stack[parts[0]] - 1 - int(parts[1][len("layers_"):]))
+        elif any(p in bottom_names for p in parts) or (
+                "token_embedder" in parts and not _embedding_is_output_layer(m)):
+            group = np.array(bottom)
+        out.append(group)
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def total_layers(cfg) -> int:
+    """Layer groups opened one by one: the deepest stack (encoder and decoder go in parallel)."""
     m = getattr(cfg, "model", cfg)
     if m.architecture == "encoder_only":
         return m.num_encoder_layers
     if m.architecture == "encoder_decoder" and not m.shared_encoder_decoder:
-        return m.num_encoder_layers + m.num_decoder_layers
+        return max(m.num_encoder_layers, m.num_decoder_layers)
     return m.num_decoder_layers
 
 
-def open_from_depth(cfg, step):
-    """Lowest depth that trains at ``step`` under gradual unfreezing (traceable)."""
+def opened_groups(cfg, step):
+    """Groups < this train at optimizer step ``step`` (0-based) under gradual unfreezing
+    (traceable)."""
     p = _peft(cfg)
-    opened = p.unfreeze_layers * (step // p.unfreeze_every + 1)
-    return total_layers(cfg) - opened
+    return p.unfreeze_layers * (step // p.unfreeze_every + 1)
 
 
 def gradual_unfreeze(cfg, params, inner: optax.GradientTransformation):
-    """Wrap ``inner`` so that only layers at depth >= open_from_depth(step) get gradients and
+    """Wrap ``inner`` so that only groups < opened_groups(step) get gradients and
     updates (exact zeros elsewhere: those params stay bit-identical). The step lives in the
     optimizer state and the mask is computed inside the jitted update: no recompiles."""
-    depths = layer_depths(cfg, params)
+    groups = unfreeze_groups(cfg, params)
 
-    def masked(tree, lowest):
-        return jax.tree.map(lambda x, d: jnp.where(jnp.asarray(d) >= lowest, x,
-                                                   jnp.zeros_like(x)), tree, depths)
+    def masked(tree, opened):
+        return jax.tree.map(lambda x, g: jnp.where(jnp.asarray(g) < opened, x,
+                                                   jnp.zeros_like(x)), tree, groups)
 
     def init(params):
         return UnfreezeState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
 
     def update(grads, state, params=None):
-        lowest = open_from_depth(cfg, state.count)
-        updates, inner_state = inner.update(masked(grads, lowest), state.inner, params)
-        return masked(updates, lowest), UnfreezeState(count=state.count + 1, inner=inner_state)
+        opened = opened_groups(cfg, state.count)
+        updates, inner_state = inner.update(masked(grads, opened), state.inner, params)
+        return masked(updates, opened), UnfreezeState(count=state.count + 1, inner=inner_state)
 
     return optax.GradientTransformation(init, update)
 
