@@ -41,7 +41,7 @@ class PeftConfig:
     train_also: tuple = ("class_dense/*", "token_dense/*", "span_dense/*")
     # gradual unfreezing (T5 paper 3.5.1): train heads + the top `unfreeze_layers` layers of
     # encoder and decoder (in parallel), open `unfreeze_layers` more every `unfreeze_every`
-    # steps; input embeddings last, a tied input/output embedding throughout. 0 = off.
+    # steps; input embeddings with the bottom layer, a tied one throughout. 0 = off.
     unfreeze_every: int = 0
     unfreeze_layers: int = 1
     save_peft_params: bool = True  # write workdir/peft/<step>/ (PEFT params only) on save

@@ -122,8 +122,9 @@ def test_table10_changes_only_finetuning():
         assert p.adapter_dim == (int(name[len("adapters"):]) if "adapters" in name else 0)
         if p.adapter_dim:
             assert "*_norm/*" in p.train_also and "class_dense/*" in p.train_also
-        assert p.unfreeze_every == (ft.cfg.train.steps // 4 if name == "gradual_unfreezing"
-                                    else 0)
+        layers = ft.cfg.model.num_encoder_layers  # encoder and decoder open in parallel
+        assert p.unfreeze_every == (ft.cfg.train.steps // layers
+                                    if name == "gradual_unfreezing" else 0)
 
 
 def test_table11_mixtures_and_rates(data_dir):
@@ -171,7 +172,7 @@ def test_computed_overrides_and_user_overrides_by_stage():
     t10 = ablations.load_table("table10")
     _, (ft,) = ablations.plan_row(t10, t10.row("gradual_unfreezing"), "/w", ("sentiment",),
                                   overrides=["finetune.train.steps=1200"])
-    assert ft.cfg.model.peft.unfreeze_every == 1200 // 4
+    assert ft.cfg.model.peft.unfreeze_every == 1200 // 2  # 2 + 2 layers, opened in parallel
     # `:=` sees the overrides before it; every key appears once in the plain list
     plain, cfg = ablations.resolve("quickstart", ["data.feature_lengths.inputs=64",
                                                   "train.steps:=L * 2", "train.steps=5",

@@ -282,12 +282,13 @@ def unfreeze_groups(cfg, params):
     (Sec. 3.5.1, after Howard and Ruder 2018): group 0 is the top layer of every stack with
     everything above it (final norms, heads, the output layer); layer i of a stack of n layers
     is group n-1-i, so encoder and decoder open in parallel from the top; the input embeddings
-    (and soft prompt, relative-position bias) open last, except a token embedding tied to the
-    output layer, which trains throughout ("since the parameters of our input embedding matrix
-    and output classification matrix are shared, we update them throughout fine-tuning")."""
+    (and soft prompt, relative-position bias) open with the bottom layer, so that the last
+    episode trains the entire network, except a token embedding tied to the output layer, which
+    trains throughout ("since the parameters of our input embedding matrix and output
+    classification matrix are shared, we update them throughout fine-tuning")."""
     m = getattr(cfg, "model", cfg)
     stack = {"encoder": m.num_encoder_layers, "decoder": m.num_decoder_layers}
-    bottom = total_layers(cfg)
+    bottom = total_layers(cfg) - 1
     bottom_names = ("position_embedder", "token_type_embedder", "embed_norm", "relpos_bias",
                     PROMPT_NAME)
     leaves, treedef = _leaves(params)
