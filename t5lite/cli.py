@@ -91,7 +91,10 @@ def cmd_ablate(args):
         return
     if not args.table or not args.workdir:
         raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list).")
-    ablations.run(args.table, args.workdir, rows=args.rows or (), tasks=args.tasks or (),
+    def names(values):  # "--rows a b" and "--rows a,b" both work
+        return [n for v in values or () for n in v.split(",") if n]
+
+    ablations.run(args.table, args.workdir, rows=names(args.rows), tasks=names(args.tasks),
                   scale=args.scale, overrides=args.set or [], dry_run=args.dry_run)
 
 
@@ -162,8 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("ablate", help="reproduce a T5 paper ablation table (configs/ablations/)")
     sp.add_argument("--table", help="e.g. table6 (see --list)")
     sp.add_argument("--workdir", help="runs in WORKDIR/<table>/<row>/, WORKDIR/<table>/table.md")
-    sp.add_argument("--rows", nargs="+", help="run only these rows (default: all)")
-    sp.add_argument("--tasks", nargs="+", help="downstream tasks (default: the table's)")
+    sp.add_argument("--rows", nargs="+", help="run only these rows, space- or comma-separated "
+                    "(default: all)")
+    sp.add_argument("--tasks", nargs="+", help="downstream tasks, space- or comma-separated "
+                    "(default: the table's)")
     sp.add_argument("--scale", default="tiny",
                     help="tiny (CPU, default) or paper (T5 base, 2^18 steps)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",

@@ -227,6 +227,12 @@ def test_cli_list_and_errors(capsys):
     assert cli.main(["ablate", "--table", "6", "--workdir", "/w", "--rows", "rate11",
                      "--dry-run"]) == 2
     assert "Did you mean: rate15" in capsys.readouterr().err
+    # rows and tasks: space- or comma-separated
+    assert cli.main(["ablate", "--table", "table6", "--workdir", "/w", "--rows", "rate10,rate25",
+                     "rate50", "--tasks", "sentiment", "--dry-run"]) == 0
+    heads = [l for l in capsys.readouterr().out.splitlines() if l.startswith("# table6")]
+    assert [h.split(":")[0] for h in heads] == [
+        "# table6 / rate10", "# table6 / rate25", "# table6 / rate50"]
 
 
 def test_render_from_result_files(tmp_path):
