@@ -52,7 +52,8 @@ def cmd_infer(args):
     from t5lite import evaluation
     evaluation.infer_command(checkpoint=args.checkpoint, input_path=args.input,
                              output_path=args.output, mode=args.mode,
-                             options=args.options or [], overrides=args.set or [])
+                             options=args.options or [], overrides=args.set or [],
+                             prefix=args.prefix)
 
 
 def cmd_models(args):
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--mode", default="predict", choices=["predict", "score", "rank"])
     sp.add_argument("--options", action="append",
                     help="rank mode: a candidate target (repeatable)")
+    sp.add_argument("--prefix", default="",
+                    help="the task's text-to-text prefix, put before every input line, e.g. "
+                         "'sst2 sentence:' (`t5lite tasks show NAME` shows a task's inputs)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="decoding options, e.g. decode.method=beam decode.beams=4")
     sp.set_defaults(fn=cmd_infer)

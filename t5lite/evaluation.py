@@ -389,10 +389,29 @@ def _read_lines(path: str) -> list[str]:
     return lines
 
 
+def _check_prefix(cfg, lines: Sequence[str], prefix: str, mode: str) -> None:
+    """Warn when the checkpoint's finetuning task has a known text-to-text prefix that neither
+    --prefix nor the input lines carry: the model never saw inputs without it."""
+    from t5lite.tasks import registry
+    task = cfg.data.mixture_or_task
+    known = next((p for name, (p, _, _) in registry.FINETUNE.items()
+                  if task in {name + sfx for sfx in registry.VOCAB_SUFFIX.values()}), None)
+    if not known or prefix.strip():
+        return
+    inputs = [x.split("\t", 1)[0] for x in lines] if mode == "score" else lines
+    if any(not x.startswith(known) for x in inputs):
+        print(f"t5lite: warning: this checkpoint was finetuned on {cfg.data.mixture_or_task!r}, "
+              f"whose inputs start with {known!r}; some input lines do not. Pass --prefix "
+              f"{known!r} (or add it to the lines).", file=sys.stderr, flush=True)
+
+
 def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
                   mode: str = "predict", options: Sequence[str] = (),
-                  overrides: Sequence[str] = ()) -> list[dict]:
+                  overrides: Sequence[str] = (), prefix: str = "") -> list[dict]:
     """`t5lite infer`: one JSON line per input line.
+
+    ``prefix``: the task's text-to-text prefix (e.g. "sst2 sentence:"), joined to every input
+    with a space as the task's preprocessors do; records show the input as given.
 
     predict: {"input", "prediction", "score"} (score: log-likelihood of the output; for beam
     search its length-normalised score). score: lines are "input<TAB>target" ->
@@ -404,21 +423,25 @@ def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
     in_vocab, out_vocab, add_eos = _vocabulary(cfg)
     eos = int(out_vocab.eos_id)
     lines = _read_lines(input_path)
+    _check_prefix(cfg, lines, prefix, mode)
     predictor = Predictor(cfg, model, params, eos)
 
     def enc(text, vocab, eos_too):
         ids = list(vocab.encode(text))
         return ids + [eos] if eos_too else ids
 
+    def enc_in(text):
+        return enc(f"{prefix.strip()} {text}" if prefix.strip() else text, in_vocab, add_eos)
+
     if mode == "predict":
-        preds, scores = predictor.predict([enc(x, in_vocab, add_eos) for x in lines])
+        preds, scores = predictor.predict([enc_in(x) for x in lines])
         records = [{"input": x, "prediction": out_vocab.decode(predictor.strip(p)), "score": s}
                    for x, p, s in zip(lines, preds, scores)]
     elif mode == "score":
         pairs = [x.split("\t", 1) for x in lines]
         if any(len(p) != 2 for p in pairs):
             raise UserError("--mode score reads lines of the form: input<TAB>target")
-        lls = predictor.score([enc(a, in_vocab, add_eos) for a, _ in pairs],
+        lls = predictor.score([enc_in(a) for a, _ in pairs],
                               [enc(b, out_vocab, True) for _, b in pairs])
         records = [{"input": a, "target": b, "log_likelihood": s}
                    for (a, b), s in zip(pairs, lls)]
@@ -426,7 +449,7 @@ def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
         if len(options) < 2:
             raise UserError("--mode rank needs at least two --options (candidate targets), "
                             "e.g. --options positive --options negative")
-        ins = [enc(x, in_vocab, add_eos) for x in lines for _ in options]
+        ins = [enc_in(x) for x in lines for _ in options]
         outs = [enc(o, out_vocab, True) for _ in lines for o in options]
         lls = np.array(predictor.score(ins, outs)).reshape(len(lines), len(options))
         records = [{"input": x, "prediction": options[int(np.argmax(s))],

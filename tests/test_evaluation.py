@@ -101,7 +101,7 @@ def _greedy_is_its_own_likelihood(checkpoint, texts):
     assert all(s < 0 for s in scores)
 
 
-def test_infer_score_and_rank_agree(workdir, tmp_path):
+def test_infer_score_and_rank_agree(workdir, tmp_path, capsys):
     texts = ["sst2 sentence: the one was not there", "sst2 sentence: all of them"]
     _greedy_is_its_own_likelihood(workdir, texts)
     inp = tmp_path / "in.txt"
@@ -117,6 +117,17 @@ def test_infer_score_and_rank_agree(workdir, tmp_path):
         assert r["scores"]["negative"] == pytest.approx(scored[2 * i + 1]["log_likelihood"],
                                                         abs=1e-4)
         assert all(math.isfinite(v) and v < 0 for v in r["scores"].values())
+    # --prefix: the same inputs without the task prefix in the lines; a warning without either
+    raw = tmp_path / "raw.txt"
+    raw.write_text("".join(t[len("sst2 sentence: "):] + "\n" for t in texts))
+    with_prefix = evaluation.infer_command(workdir, str(raw), str(tmp_path / "p.jsonl"), "rank",
+                                           options=["positive", "negative"],
+                                           prefix="sst2 sentence:")
+    assert [r["scores"] for r in with_prefix] == [r["scores"] for r in ranked]
+    assert "warning" not in capsys.readouterr().err
+    evaluation.infer_command(workdir, str(raw), str(tmp_path / "q.jsonl"), "rank",
+                             options=["positive", "negative"])
+    assert "--prefix 'sst2 sentence:'" in capsys.readouterr().err
     with pytest.raises(UserError, match="at least two --options"):
         evaluation.infer_command(workdir, str(inp), "-", "rank", options=["positive"])
     with pytest.raises(UserError, match="input<TAB>target"):
