@@ -69,6 +69,14 @@ def _configure_orbax() -> None:
             absl_log.setLevel(level)
 
 
+def _all_hosts_ok(ok: bool) -> bool:
+    """True when ``ok`` holds on every process (a collective: all processes must call it)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+    return bool(np.min(multihost_utils.process_allgather(np.int32(ok))))
+
+
 class Checkpointer:
     """Owns workdir/checkpoints and workdir/data_state for one training run."""
 
@@ -129,13 +137,19 @@ class Checkpointer:
         with a warning and the previous one is used. -> (state, step) or (None, 0)."""
         abstract = _abstract(state_like)
         for step in sorted(self.manager.all_steps(), reverse=True):
+            error = None
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     params=ocp.args.StandardRestore(abstract.params),
                     opt=ocp.args.StandardRestore(
                         {"step": abstract.step, "opt_state": abstract.opt_state})))
             except Exception as e:  # noqa: BLE001 - any read error means "unusable"
-                self._quarantine(step, e)
+                error = e
+            # Every host must restore the same step: one host's read error (its shard, its
+            # disk) makes the step unusable for all, or they would train from different states.
+            if not _all_hosts_ok(error is None):
+                self._quarantine(step, error or RuntimeError(
+                    "another host could not read its part of this checkpoint"))
                 continue
             state = state_like.replace(step=restored.opt["step"], params=restored.params,
                                        opt_state=restored.opt["opt_state"])
@@ -154,6 +168,9 @@ class Checkpointer:
             bad = epath.Path(self.workdir) / "corrupt_checkpoints"
             bad.mkdir(parents=True, exist_ok=True)
             (epath.Path(self.dir) / str(step)).rename(bad / f"{step}.{int(time.time())}")
+        if jax.process_count() > 1:  # the others list the steps only after the move
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices(f"t5lite_quarantine_{step}")
         self.manager.reload()
 
     def restore_data(self, step: int, data_iter) -> None:

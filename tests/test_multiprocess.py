@@ -123,3 +123,74 @@ def test_two_processes_match_one_and_resume(data_dir, tmp_path):
     for step, loss in expected.items():
         assert resumed[step] == pytest.approx(loss, rel=2e-5), (step, resumed, expected)
     assert expected[6] < expected[1]  # and it learns
+
+
+RESTORE_WORKER = r'''
+import json, sys
+import jax
+import numpy as np
+jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from t5lite import checkpointing
+from t5lite.config import CheckpointConfig
+from t5lite.trainer import TrainState
+
+pid = jax.process_index()
+mesh = Mesh(np.array(jax.devices()), ("x",))
+sharding = NamedSharding(mesh, P("x"))
+
+def state(value):
+    local = np.full((2,), value, np.float32)
+    w = jax.make_array_from_process_local_data(sharding, local)
+    step = jax.make_array_from_process_local_data(NamedSharding(mesh, P()),
+                                                  np.array(value, np.int32))
+    return TrainState(step=step, params={"w": w}, opt_state={"m": w})
+
+ck = checkpointing.Checkpointer(sys.argv[3], CheckpointConfig(async_save=False))
+for step in (1, 2):
+    ck.save(step, state(step))
+ck.wait()
+if pid == 1:  # a read error on this host only (its disk, its shard of step 2)
+    real = ck.manager.restore
+    def restore(step, *a, **k):
+        out = real(step, *a, **k)  # orbax's restore is collective: take part, then fail
+        if step == 2:
+            raise OSError("simulated host-local read error")
+        return out
+    ck.manager.restore = restore
+restored, step = ck.restore_latest(state(0))
+local = [np.asarray(s.data) for s in restored.params["w"].addressable_shards]
+print(json.dumps({"pid": pid, "step": step, "w": float(local[0][0]),
+                  "state_step": int(restored.step)}), flush=True)
+ck.close()
+'''
+
+
+def test_hosts_agree_on_the_checkpoint_when_one_cannot_read_the_newest(tmp_path):
+    """A read error on one host only quarantines that step for every host: all restore the
+    previous one (else they would train on from different states)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "worker.py"
+    script.write_text(RESTORE_WORKER)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT,
+               XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    procs = [subprocess.Popen([sys.executable, str(script), f"127.0.0.1:{port}", str(i),
+                               str(tmp_path / "wd")], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:  # without agreement the hosts restore different steps and hang in a barrier
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out[-2000:] + err[-3000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert [(r["step"], r["w"], r["state_step"]) for r in results] == [(1, 1.0, 1)] * 2
+    assert "another host could not read" in outs[0][0] and "simulated" in outs[1][0]
+    moved = os.listdir(tmp_path / "wd" / "corrupt_checkpoints")
+    assert len(moved) == 1 and moved[0].startswith("2.")
+    assert sorted(os.listdir(tmp_path / "wd" / "checkpoints")) == ["1"]
