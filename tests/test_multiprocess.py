@@ -5,7 +5,8 @@ Each process reads its own shard of the data (seqio ShardInfo), feeds it to
 make_array_from_process_local_data, and only process 0 writes metrics; checkpoints are written
 by both processes together. Unpacked, unshuffled data and no dropout make the global batch
 hold the same examples in both layouts (in another row order), so the losses agree to float
-rounding.
+rounding. A second, fast test: when one host cannot use the newest checkpoint, every host
+falls back to the previous one together.
 """
 
 import json
