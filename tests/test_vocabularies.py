@@ -12,6 +12,8 @@ from t5lite.errors import UserError
 from t5lite.tasks import local_data as L
 from t5lite.tasks import vocabularies as V
 
+import tasks_testdata
+
 TEXTS = [
     "translate English to German: Hello world",
     "It's a 3.5-star movie -- isn't it? I'd say they've won 1,000,000 dollars!!",
@@ -80,6 +82,26 @@ def test_bert_matches_hf(vocab_dir):
     assert ids == [v.encode(t) for t in TEXTS]
     assert decoded[0] == "translate english to german : hello world"
     assert v.decode([101] + v.encode("Unaffable cafés") + [102, 0]) == "unaffable cafes"
+
+
+def test_sp8k_follows_the_data_dir(tmp_path, monkeypatch):
+    """The shared (cached) vocabulary object reloads its model when $T5LITE_DATA_DIR moves."""
+    import shutil
+
+    import sentencepiece as spm
+    a = tasks_testdata.make_data_dir(str(tmp_path / "a"))
+    b = str(tmp_path / "b")
+    shutil.copytree(a, b)
+    spm.SentencePieceTrainer.train(
+        input=os.path.join(b, "corpus", "train.txt"),
+        model_prefix=os.path.join(b, "vocab", "t5lite_sp8k"), vocab_size=300, pad_id=0,
+        eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
+    v = V.get_vocabulary("t5lite_sp8k")
+    sizes = []
+    for root in (a, b, a):
+        monkeypatch.setenv("T5LITE_DATA_DIR", root)
+        sizes.append((v.vocab_size, v.encode("<extra_id_0>")))
+    assert sizes == [(700, [699]), (400, [399]), (700, [699])]
 
 
 def test_vocabularies_are_lazy_picklable_and_say_what_to_prepare(tmp_path, monkeypatch):

@@ -39,8 +39,13 @@ class LocalSentencePieceVocabulary(seqio.SentencePieceVocabulary):
         return local_data.require(self._prepare_name, self._rel_path)
 
     def _model_context(self):
-        if self._model is None:
+        # Reload when the data dir changed since the model was loaded (a process that moves
+        # $T5LITE_DATA_DIR, e.g. tests, would otherwise keep the first dir's vocabulary).
+        root = local_data.data_dir()
+        if self._model is None or getattr(self, "_loaded_from", None) != root:
+            self._model = None
             self._sentencepiece_model_file = self.sentencepiece_model_file
+            self._loaded_from = root
         return super()._model_context()
 
     def __eq__(self, other):
