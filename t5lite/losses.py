@@ -165,6 +165,12 @@ def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
     if t_key is None:
         raise ValueError("batch has no decoder_/encoder_target_tokens and outputs no class_logits")
     targets, weights = batch[t_key], batch[w_key].astype(jnp.float32)
+    if "logits_positions" in outputs:  # BERT MLM head on gathered positions only
+        all_weights = weights
+        targets, weights = (jnp.take_along_axis(x, outputs["logits_positions"], axis=1)
+                            for x in (targets, weights))
+        dropped = jnp.sum(all_weights) - jnp.sum(weights)
+        metrics["mlm_dropped_fraction"] = dropped / norms["tokens"]
     ce, zl = cross_entropy_with_logits(outputs["logits"], targets, cfg.train.label_smoothing,
                                        cfg.train.z_loss)
     ce_sum, z_sum = jnp.sum(ce * weights), jnp.sum(zl * weights)

@@ -1,6 +1,8 @@
 """Losses: cross entropy (label smoothing, z-loss), T5 normalisation, MLM + NSP, classification,
 and micro-batch sums that equal the full-batch loss."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,3 +121,74 @@ def test_cross_entropy_hand_written_gradient_matches_autodiff():
         np.testing.assert_allclose(ours(logits), ref(logits), rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(losses.cross_entropy_with_logits(logits, targets, a, z)[0],
                                    reference(logits, a, z)[0], rtol=1e-5, atol=1e-5)
+
+
+def _bert_mlm_batch(rng, batch, length, vocab, rate):
+    targets = rng.integers(5, vocab, (batch, length)).astype(np.int32)
+    weights = (rng.random((batch, length)) < rate).astype(np.int32)
+    return {"encoder_input_tokens": np.where(weights, 3, targets).astype(np.int32),
+            "encoder_target_tokens": targets, "encoder_loss_weights": weights,
+            "encoder_segment_ids": np.ones_like(targets),
+            "encoder_positions": np.broadcast_to(np.arange(length), targets.shape).astype(np.int32)}
+
+
+def test_bert_mlm_head_on_gathered_masked_positions_equals_every_position():
+    """model.mlm_max_predictions > 0 runs the MLM head only on masked positions (Google BERT's
+    masked_lm_positions): same loss, metrics and gradients while no row has more than N."""
+    from t5lite.models import build_model, presets
+    full_cfg = presets.bert("tiny")
+    full_cfg.model.mlm_max_predictions, full_cfg.model.dropout_rate = 0, 0.0
+    full_cfg.model.nsp_head, full_cfg.model.vocab_size = True, 512
+    full_cfg.model.num_encoder_layers = 1
+    cap_cfg = presets.bert("tiny")
+    cap_cfg.model = dataclasses.replace(full_cfg.model, mlm_max_predictions=12)
+    batch = _bert_mlm_batch(np.random.default_rng(0), 3, 40, full_cfg.model.vocab_size, 0.2)
+    batch["nsp_labels"] = np.array([0, 1, 0], np.int32)
+    assert batch["encoder_loss_weights"].sum(1).max() <= 12
+    full, capped = build_model(full_cfg.model), build_model(cap_cfg.model)
+    params = full.init(jax.random.key(0), batch)["params"]
+
+    def run(model, cfg):
+        def f(p):
+            out = model.apply({"params": p}, batch)
+            loss, metrics = losses.compute_loss(cfg, out, batch)
+            return loss, (out, metrics)
+        return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+
+    (l_full, (o_full, m_full)), g_full = run(full, full_cfg)
+    (l_cap, (o_cap, m_cap)), g_cap = run(capped, cap_cfg)
+    assert o_full["logits"].shape == (3, 40, full_cfg.model.vocab_size)
+    assert o_cap["logits"].shape == (3, 12, full_cfg.model.vocab_size)
+    pos = np.asarray(o_cap["logits_positions"])
+    w = batch["encoder_loss_weights"]
+    for b in range(3):  # the masked positions, in order, first
+        n = w[b].sum()
+        np.testing.assert_array_equal(pos[b, :n], np.nonzero(w[b])[0])
+    np.testing.assert_allclose(o_cap["logits"], np.take_along_axis(
+        np.asarray(o_full["logits"]), pos[..., None], axis=1), atol=1e-5)
+    np.testing.assert_allclose(l_cap, l_full, rtol=1e-6)
+    for k in ("mlm_loss", "nsp_loss", "accuracy", "num_tokens"):
+        np.testing.assert_allclose(m_cap[k], m_full[k], rtol=1e-6)
+    assert float(m_cap["mlm_dropped_fraction"]) == 0.0
+    for a, b in zip(jax.tree.leaves(g_cap), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_bert_mlm_cap_scores_the_first_n_masked_tokens_and_reports_the_rest():
+    from t5lite.models import build_model, presets
+    cfg = presets.bert("tiny")
+    cfg.model = dataclasses.replace(cfg.model, mlm_max_predictions=4, dropout_rate=0.0,
+                                    vocab_size=512)
+    batch = _bert_mlm_batch(np.random.default_rng(1), 2, 32, cfg.model.vocab_size, 0.4)
+    w = batch["encoder_loss_weights"]
+    assert w.sum(1).min() > 4
+    model = build_model(cfg.model)
+    params = model.init(jax.random.key(0), batch)["params"]
+    out = model.apply({"params": params}, batch)
+    loss, m = losses.compute_loss(cfg, out, batch)
+    first4 = np.stack([np.nonzero(w[b])[0][:4] for b in range(2)])
+    np.testing.assert_array_equal(out["logits_positions"], first4)
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+        out["logits"], np.take_along_axis(batch["encoder_target_tokens"], first4, 1))
+    np.testing.assert_allclose(m["cross_entropy"], ce.sum() / w.sum(), rtol=1e-5)
+    np.testing.assert_allclose(m["mlm_dropped_fraction"], (w.sum() - 8) / w.sum(), rtol=1e-6)

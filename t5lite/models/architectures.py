@@ -63,6 +63,7 @@ Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense) are what
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from t5lite.models import layers as L
@@ -189,13 +190,19 @@ class EncoderOnly(nn.Module):
         x_BLD = self.encoder(batch["encoder_input_tokens"], batch.get("encoder_positions"),
                              batch.get("encoder_segment_ids"), batch.get("encoder_token_type_ids"),
                              deterministic=deterministic)
-        h_BLD = self.mlm_norm(L.ACTIVATIONS[cfg.ffn](self.mlm_dense(x_BLD)))
+        out = {}
+        m_BLD = x_BLD
+        if cfg.mlm_max_predictions and "encoder_loss_weights" in batch:
+            pos_BK = mlm_positions(batch["encoder_loss_weights"], cfg.mlm_max_predictions)
+            m_BLD = jnp.take_along_axis(x_BLD, pos_BK[..., None], axis=1)  # [B, K, D]
+            out["logits_positions"] = pos_BK
+        h_BLD = self.mlm_norm(L.ACTIVATIONS[cfg.ffn](self.mlm_dense(m_BLD)))
         if cfg.tie_embeddings:
             logits_BLV = self.token_embedder.attend(h_BLD)
         else:
             logits_BLV = self.logits_dense(h_BLD)
         logits_BLV = logits_BLV.astype(jnp.float32) + self.mlm_bias
-        out = {"logits": L.constrain(logits_BLV, ("batch", "length", "vocab"))}
+        out["logits"] = L.constrain(logits_BLV, ("batch", "length", "vocab"))
         cls_BD = x_BLD[:, 0]
         if cfg.pooler or cfg.nsp_head:
             cls_BD = jnp.tanh(self.pooler(cls_BD))
@@ -213,6 +220,15 @@ class EncoderOnly(nn.Module):
             span_BL2 = jnp.where(valid_BL, self.span_dense(h_BLD).astype(jnp.float32), L.NEG_INF)
             out["start_logits"], out["end_logits"] = span_BL2[..., 0], span_BL2[..., 1]
         return out
+
+
+def mlm_positions(weights_BL, k: int):
+    """[B, k] indices of the first k positions per row with a nonzero weight, in order; rows
+    with fewer are filled with weight-0 positions (their logits are computed, never scored)."""
+    length = weights_BL.shape[1]
+    k = min(k, length)
+    score_BL = jnp.where(weights_BL > 0, length - jnp.arange(length, dtype=jnp.int32), 0)
+    return jax.lax.top_k(score_BL, k)[1].astype(jnp.int32)
 
 
 ARCHITECTURES = {
