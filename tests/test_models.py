@@ -445,3 +445,22 @@ def test_dense_dot_gradient_matches_autodiff(x_shape, w_shape, n_in, tied):
     np.testing.assert_allclose(dense_dot(x, w, n_in, tied), ref(x, w), rtol=1e-5, atol=1e-5)
     for a, b in zip(ours, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask_shape,pos_shape", [
+    ((3, 1, 4, 5), (1, 2, 4, 5)),  # training: one position bias for the batch
+    ((3, 1, 4, 5), (3, 2, 4, 5)),  # decoding / prompt tuning: per-row positions
+    ((3, 2, 4, 5), (1, 2, 4, 5)),  # prefix tuning: the mask already has the heads
+])
+def test_add_position_bias_gradient_matches_autodiff(mask_shape, pos_shape):
+    """The mask + position bias add's hand-written VJP (batch sum as a matmul) equals autodiff."""
+    from t5lite.models.layers import add_position_bias
+    km, kp, kg = jax.random.split(jax.random.key(0), 3)
+    mask, pos = jax.random.normal(km, mask_shape), jax.random.normal(kp, pos_shape)
+    g = jax.random.normal(kg, (3, 2, 4, 5))
+    np.testing.assert_array_equal(add_position_bias(mask, pos), mask + pos)
+    ours = jax.grad(lambda m, p: jnp.sum(add_position_bias(m, p) * g), (0, 1))(mask, pos)
+    want = jax.grad(lambda m, p: jnp.sum((m + p) * g), (0, 1))(mask, pos)
+    for a, b in zip(ours, want):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -57,7 +57,8 @@ class Block(nn.Module):
             return y if cfg.pre_norm else norm(y)
 
         stem = "self_attention" if self.decoder else "attention"
-        bias = ctx["bias"] + ctx["pos_bias"] if "pos_bias" in ctx else ctx["bias"]
+        bias = (L.add_position_bias(ctx["bias"], ctx["pos_bias"]) if "pos_bias" in ctx
+                else ctx["bias"])
         x_BLD = sublayer(x_BLD, stem, lambda y: L.MultiHeadAttention(cfg, name=stem)(
             y, y, bias, ctx.get("rope_pos"), deterministic, decode, ctx.get("cache_index")))
         if self.cross and "encoded" in ctx:
