@@ -79,11 +79,11 @@ class ModelConfig:
     num_classes: int = 0  # >0 adds a classification head (see heads in architectures.py)
     num_token_classes: int = 0  # >0: per-token tagging head (BIO), "token_logits" [B, L, C]
     span_head: bool = False  # QA span extraction head: "start_logits" / "end_logits" [B, L]
-    # BERT MLM: 0 = vocabulary logits at every position (Hugging Face); N > 0 = only at the
-    # first N positions per row with a nonzero encoder_loss_weight (Google BERT's
-    # max_predictions_per_seq): the [B, L, V] output layer shrinks to [B, N, V]. Masked tokens
-    # beyond N in a row go unscored and are counted in the "mlm_dropped_tokens" metric.
-    mlm_max_predictions: int = 0
+    # BERT MLM: 0 = vocabulary logits at every position (Hugging Face); f in (0, 1] = only at
+    # the first N = ceil(f * L) positions per row with a nonzero encoder_loss_weight (Google
+    # BERT's max_predictions_per_seq, e.g. 20 of 128): the [B, L, V] output layer shrinks to
+    # [B, N, V]. Masked tokens beyond N in a row go unscored ("mlm_dropped_fraction" metric).
+    mlm_predict_fraction: float = 0.0
     dropout_rate: float = 0.1
     dtype: str = "float32"  # compute dtype; params are always float32
     scan_layers: bool = True
@@ -416,10 +416,11 @@ def validate(cfg: Config) -> None:
                         f"train.grad_accum_steps={cfg.train.grad_accum_steps}")
     if not 0.0 <= m.dropout_rate < 1.0:
         raise UserError(f"model.dropout_rate must be in [0, 1), got {m.dropout_rate}")
-    if m.mlm_max_predictions < 0 or (m.mlm_max_predictions
-                                     and m.architecture != "encoder_only"):
-        raise UserError(f"model.mlm_max_predictions={m.mlm_max_predictions}: use 0 (every "
-                        "position) or a positive cap with architecture='encoder_only' (BERT MLM)")
+    if not 0.0 <= m.mlm_predict_fraction <= 1.0 or (m.mlm_predict_fraction
+                                                    and m.architecture != "encoder_only"):
+        raise UserError(f"model.mlm_predict_fraction={m.mlm_predict_fraction}: use 0 (logits "
+                        "at every position) or a fraction in (0, 1] of the length with "
+                        "architecture='encoder_only' (BERT MLM)")
 
 
 def to_dict(cfg) -> dict:

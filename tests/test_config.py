@@ -44,9 +44,11 @@ def test_bad_values_are_user_errors():
         config_lib.load_config("quickstart", ["train.steps"])
     with pytest.raises(UserError, match="divisible by train.grad_accum_steps"):
         config_lib.load_config("quickstart", ["train.grad_accum_steps=3"])
-    with pytest.raises(UserError, match="mlm_max_predictions=32: .* architecture='encoder_only'"):
-        config_lib.load_config("quickstart", ["model.mlm_max_predictions=32"])
-    assert config_lib.load_config("bert_tiny", ["model.mlm_max_predictions=0"])
+    with pytest.raises(UserError, match="mlm_predict_fraction=0.25: .* architecture='encoder_o"):
+        config_lib.load_config("quickstart", ["model.mlm_predict_fraction=0.25"])
+    with pytest.raises(UserError, match="mlm_predict_fraction=1.5: use 0"):
+        config_lib.load_config("bert_tiny", ["model.mlm_predict_fraction=1.5"])
+    assert config_lib.load_config("bert_tiny", ["model.mlm_predict_fraction=0"])
 
 
 def test_mesh_that_does_not_divide_devices_or_batch_is_a_user_error():

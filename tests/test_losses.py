@@ -133,16 +133,16 @@ def _bert_mlm_batch(rng, batch, length, vocab, rate):
 
 
 def test_bert_mlm_head_on_gathered_masked_positions_equals_every_position():
-    """model.mlm_max_predictions > 0 runs the MLM head only on masked positions (Google BERT's
+    """model.mlm_predict_fraction > 0 runs the MLM head only on masked positions (Google BERT's
     masked_lm_positions): same loss, metrics and gradients while no row has more than N."""
     from t5lite.models import build_model, presets
     full_cfg = presets.bert("tiny")
-    full_cfg.model.mlm_max_predictions, full_cfg.model.dropout_rate = 0, 0.0
+    full_cfg.model.mlm_predict_fraction, full_cfg.model.dropout_rate = 0.0, 0.0
     full_cfg.model.nsp_head, full_cfg.model.vocab_size = True, 512
     full_cfg.model.num_encoder_layers = 1
     cap_cfg = presets.bert("tiny")
-    cap_cfg.model = dataclasses.replace(full_cfg.model, mlm_max_predictions=12)
-    batch = _bert_mlm_batch(np.random.default_rng(0), 3, 40, full_cfg.model.vocab_size, 0.2)
+    cap_cfg.model = dataclasses.replace(full_cfg.model, mlm_predict_fraction=0.25)
+    batch = _bert_mlm_batch(np.random.default_rng(0), 3, 48, full_cfg.model.vocab_size, 0.2)
     batch["nsp_labels"] = np.array([0, 1, 0], np.int32)
     assert batch["encoder_loss_weights"].sum(1).max() <= 12
     full, capped = build_model(full_cfg.model), build_model(cap_cfg.model)
@@ -157,7 +157,7 @@ def test_bert_mlm_head_on_gathered_masked_positions_equals_every_position():
 
     (l_full, (o_full, m_full)), g_full = run(full, full_cfg)
     (l_cap, (o_cap, m_cap)), g_cap = run(capped, cap_cfg)
-    assert o_full["logits"].shape == (3, 40, full_cfg.model.vocab_size)
+    assert o_full["logits"].shape == (3, 48, full_cfg.model.vocab_size)
     assert o_cap["logits"].shape == (3, 12, full_cfg.model.vocab_size)
     pos = np.asarray(o_cap["logits_positions"])
     w = batch["encoder_loss_weights"]
@@ -177,8 +177,8 @@ def test_bert_mlm_head_on_gathered_masked_positions_equals_every_position():
 def test_bert_mlm_cap_scores_the_first_n_masked_tokens_and_reports_the_rest():
     from t5lite.models import build_model, presets
     cfg = presets.bert("tiny")
-    cfg.model = dataclasses.replace(cfg.model, mlm_max_predictions=4, dropout_rate=0.0,
-                                    vocab_size=512)
+    cfg.model = dataclasses.replace(cfg.model, mlm_predict_fraction=0.125,
+                                    dropout_rate=0.0, vocab_size=512)
     batch = _bert_mlm_batch(np.random.default_rng(1), 2, 32, cfg.model.vocab_size, 0.4)
     w = batch["encoder_loss_weights"]
     assert w.sum(1).min() > 4

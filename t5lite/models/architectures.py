@@ -62,6 +62,8 @@ Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense) are what
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -192,8 +194,9 @@ class EncoderOnly(nn.Module):
                              deterministic=deterministic)
         out = {}
         m_BLD = x_BLD
-        if cfg.mlm_max_predictions and "encoder_loss_weights" in batch:
-            pos_BK = mlm_positions(batch["encoder_loss_weights"], cfg.mlm_max_predictions)
+        if cfg.mlm_predict_fraction and "encoder_loss_weights" in batch:
+            k = math.ceil(cfg.mlm_predict_fraction * x_BLD.shape[1])
+            pos_BK = mlm_positions(batch["encoder_loss_weights"], k)
             m_BLD = jnp.take_along_axis(x_BLD, pos_BK[..., None], axis=1)  # [B, K, D]
             out["logits_positions"] = pos_BK
         h_BLD = self.mlm_norm(L.ACTIVATIONS[cfg.ffn](self.mlm_dense(m_BLD)))

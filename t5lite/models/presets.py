@@ -99,9 +99,9 @@ def bert(size: str) -> Config:
                     norm_eps=1e-12, pre_norm=False, embed_norm=True, ffn="gelu", use_bias=True,
                     tie_embeddings=True, scale_tied_logits=False, scale_attn_logits=True,
                     init_std=0.02, pooler=True, dropout_rate=0.1,
-                    # MLM logits only at masked positions, a quarter of the default length
+                    # MLM logits only at masked positions: up to a quarter of the length
                     # (Google BERT: 20 of 128, 80 of 512); 15% masking overflows it ~never
-                    mlm_max_predictions=32 if tiny else 128, **_common(size, d, f, h, k))
+                    mlm_predict_fraction=0.25, **_common(size, d, f, h, k))
     if tiny:
         data = DataConfig("corpus_mlm", {"inputs": 128}, batch_size=32)
         optim = OptimizerConfig("adamw", learning_rate=1e-3, schedule="linear", warmup_steps=100,
