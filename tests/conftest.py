@@ -30,3 +30,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A small prepared data dir (tests/tasks_testdata.py) as $T5LITE_DATA_DIR for a module."""
+    import tasks_testdata
+    root = str(tmp_path_factory.mktemp("t5lite_data"))
+    restore = tasks_testdata.use_data_dir(root)
+    import t5lite.tasks  # noqa: F401
+    yield root
+    restore()

@@ -11,22 +11,12 @@ import shlex
 import numpy as np
 import pytest
 
-import tasks_testdata
 import train_helpers
 from t5lite import ablations, cli
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 
 TABLES = ("table2", "table4", "table5", "table6", "table7", "table10", "table11")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("t5lite_data"))
-    restore = tasks_testdata.use_data_dir(root)
-    import t5lite.tasks  # noqa: F401
-    yield root
-    restore()
 
 
 def _plans(name, scale="tiny", tasks=("sentiment",)):

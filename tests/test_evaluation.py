@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 
-import tasks_testdata
 from t5lite import config as config_lib
 from t5lite import evaluation
 from t5lite.errors import UserError
@@ -35,15 +34,6 @@ def _tiny_cfg(architecture):
     cfg.eval.best_metric = "sentiment/accuracy"
     cfg.decode.max_length = 4
     return cfg
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("t5lite_data"))
-    restore = tasks_testdata.use_data_dir(root)
-    import t5lite.tasks  # noqa: F401
-    yield root
-    restore()
 
 
 @pytest.fixture(scope="module")

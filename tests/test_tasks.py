@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import seqio
 
-import tasks_testdata
 from t5lite.errors import UserError
 
 ENC_DEC = {"encoder_input_tokens", "encoder_segment_ids", "encoder_positions",
@@ -19,15 +18,6 @@ DEC = {"decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights",
        "decoder_segment_ids", "decoder_positions"}
 ENC = {"encoder_input_tokens", "encoder_target_tokens", "encoder_loss_weights",
        "encoder_segment_ids", "encoder_positions"}
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("t5lite_data"))
-    restore = tasks_testdata.use_data_dir(root)
-    import t5lite.tasks  # noqa: F401
-    yield root
-    restore()
 
 
 def _batches(name, arch, lengths, n=2, **kwargs):
