@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from etils import epath
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from t5lite import checkpointing, losses, metrics_log, optim, partitioning
 from t5lite import config as config_lib

@@ -2,7 +2,6 @@
 sub-tokens, QA spans; GPT last-token classification; their losses; the GPT classification
 converter; and (slow) a tiny BERT finetuned on the local sentiment data."""
 
-import dataclasses
 import os
 
 import jax

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from train_helpers import random_model_batch
 
 from t5lite.config import ModelConfig, load_config
 from t5lite.errors import UserError
@@ -67,17 +68,7 @@ def shared(name):
 def random_batch(cfg, b=B, n_in=N_IN, n_tgt=N_TGT, seed=0):
     if cfg.architecture == "prefix_lm":  # decoder length = inputs + targets
         n_in, n_tgt = 0, n_tgt
-    batch = dummy_batch(cfg, b, {"inputs": n_in, "targets": n_tgt})
-    rng = np.random.default_rng(seed)
-    for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
-              "encoder_target_tokens"):
-        if k in batch:
-            batch[k] = rng.integers(1, cfg.vocab_size, batch[k].shape).astype(np.int32)
-    for k in ("encoder_positions", "decoder_positions"):
-        if k in batch:
-            batch[k] = np.broadcast_to(np.arange(batch[k].shape[1]), batch[k].shape).astype(
-                np.int32)
-    return batch
+    return random_model_batch(cfg, b, n_in, n_tgt, seed)
 
 
 def changed(batch, key, positions):

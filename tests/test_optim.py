@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from t5lite import config as config_lib

@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from train_helpers import random_model_batch
 
 from t5lite import config as config_lib
 from t5lite import partitioning, trainer
 from t5lite.config import ModelConfig, PeftConfig
 from t5lite.errors import UserError
-from t5lite.models import abstract_params, build_model, dummy_batch, peft
+from t5lite.models import abstract_params, build_model, peft
 
 D, H, K, F, NL = 32, 4, 8, 64, 2
 
@@ -28,16 +29,7 @@ def tiny(arch="encoder_decoder", scan=True, **peft_kw) -> ModelConfig:
 
 
 def random_batch(cfg, b=2, n_in=8, n_tgt=6, seed=0):
-    batch = dummy_batch(cfg, b, {"inputs": n_in, "targets": n_tgt})
-    rng = np.random.default_rng(seed)
-    for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
-              "encoder_target_tokens"):
-        if k in batch:
-            batch[k] = rng.integers(1, cfg.vocab_size, batch[k].shape).astype(np.int32)
-    for k in ("encoder_positions", "decoder_positions"):
-        if k in batch:
-            batch[k] = np.broadcast_to(np.arange(batch[k].shape[1]), batch[k].shape).astype(
-                np.int32)
+    batch = random_model_batch(cfg, b, n_in, n_tgt, seed)
     if "encoder_input_tokens" in batch and b > 1:  # some padding at the end of row 1
         batch["encoder_input_tokens"][1, -2:] = 0
     return batch

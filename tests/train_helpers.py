@@ -1,5 +1,5 @@
-"""Shared by the training tests: a tiny config and synthetic batches with the contract's keys
-(so trainer tests do not depend on the data pipeline)."""
+"""Shared by the model and training tests: a tiny config and synthetic batches with the
+contract's keys (so these tests do not depend on the data pipeline)."""
 
 import os
 import tempfile
@@ -69,6 +69,23 @@ def synthetic_batch(cfg, rng, batch_size=None) -> dict:
             "decoder_loss_weights": ones(n), "decoder_segment_ids": ones(n),
             "decoder_positions": pos(n)}
 
+
+
+def random_model_batch(cfg, b, n_in, n_tgt, seed=0) -> dict:
+    """models.dummy_batch(cfg) with random token ids in [1, vocab) and positions 0..L-1 (one
+    segment a row, no padding): a batch any architecture's forward pass takes."""
+    from t5lite.models import dummy_batch
+    batch = dummy_batch(cfg, b, {"inputs": n_in, "targets": n_tgt})
+    rng = np.random.default_rng(seed)
+    for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
+              "encoder_target_tokens"):
+        if k in batch:
+            batch[k] = rng.integers(1, cfg.vocab_size, batch[k].shape).astype(np.int32)
+    for k in ("encoder_positions", "decoder_positions"):
+        if k in batch:
+            batch[k] = np.broadcast_to(np.arange(batch[k].shape[1]), batch[k].shape).astype(
+                np.int32)
+    return batch
 
 def synthetic_batches(cfg, n, seed=0):
     rng = np.random.default_rng(seed)
