@@ -26,6 +26,29 @@ def _quiet_env():
             pass
 
 
+def _import_tensorflow_quietly():
+    """TF 2.21 logs "oneDNN custom operations are on" / "Could not find cuda drivers" through
+    absl at load time, before TF_CPP_MIN_LOG_LEVEL applies. Import it once with fd 2 sent to a
+    temp file (replayed if the import fails). TF_CPP_MIN_LOG_LEVEL=0 keeps the lines."""
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
+        return
+    import tempfile
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException:
+            os.dup2(saved, 2)
+            log.seek(0)
+            sys.stderr.write(log.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def _config(args):
     from t5lite import config
     return config.load_config(args.config, args.set or [])
@@ -188,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     _quiet_env()
     args = build_parser().parse_args(argv)
+    if args.fn not in (cmd_models, cmd_convert):  # the others read data through seqio / TF
+        _import_tensorflow_quietly()
     try:
         args.fn(args)
     except UserError as e:

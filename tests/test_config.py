@@ -82,3 +82,22 @@ def test_model_vocab_smaller_than_the_task_vocabulary_is_a_user_error(tmp_path, 
         trainer._prepare_tasks(cfg)
     cfg.model.vocab_size = 768
     trainer._prepare_tasks(cfg)
+
+
+def test_cli_imports_tensorflow_without_its_load_time_log_lines(tmp_path):
+    """TF logs oneDNN / CUDA-stub lines through absl at import; the CLI keeps them off stderr
+    (unless TF_CPP_MIN_LOG_LEVEL=0) and still runs the command."""
+    import os
+    import subprocess
+    import sys
+
+    import tasks_testdata
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["T5LITE_DATA_DIR"] = tasks_testdata.make_data_dir(str(tmp_path / "d"))
+    code = "from t5lite import cli; cli.main(['tasks', 'list'])"
+    proc = subprocess.run([sys.executable, "-c", code],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "corpus_span_corruption" in proc.stdout
+    assert "oneDNN custom operations" not in proc.stderr
+    assert "cudart_stub" not in proc.stderr
