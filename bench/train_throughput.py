@@ -57,7 +57,7 @@ CASES = {
 MASK_RATE = 0.15  # BERT: fraction of positions masked (and scored)
 
 
-def make_config(family: str, size: str, batch: int, dropout: float):
+def make_config(family: str, size: str, batch: int, dropout: float, scan_unroll: int = -1):
     """The preset, in float32, trained by AdamW (constant lr) on plain cross-entropy (no z-loss,
     no label smoothing) so that torch.optim.AdamW + HF's loss do the same arithmetic."""
     import dataclasses
@@ -67,6 +67,8 @@ def make_config(family: str, size: str, batch: int, dropout: float):
     preset, default_batch, lengths = CASES[(family, size)]
     cfg = {"t5": presets.t5_1_1, "bert": presets.bert, "gpt": presets.gpt2}[family](preset)
     model = dict(dtype="float32", dropout_rate=dropout, remat="none")
+    if scan_unroll >= 0:
+        model["scan_unroll"] = scan_unroll
     if family == "bert":
         model["pooler"] = False  # BertForMaskedLM has no pooler (the MLM loss never reads it)
     return dataclasses.replace(
@@ -156,7 +158,7 @@ def run_ours(args) -> dict:
     from t5lite.config import MeshConfig
     from t5lite.models import build_model, peft
     base = _rss_mib()
-    cfg = make_config(args.family, args.size, args.batch, args.dropout)
+    cfg = make_config(args.family, args.size, args.batch, args.dropout, args.scan_unroll)
     devices = jax.devices()[:1]  # one CPU device using every core (XLA's intra-op pool)
     mesh = partitioning.make_mesh(MeshConfig(), devices)
     model = build_model(cfg.model)
@@ -278,7 +280,8 @@ def child(side: str, family: str, size: str, args, hf_dir: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--families", family,
            "--sizes", size, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--batch", str(args.batch), "--hf-threads", str(args.hf_threads),
-           "--dropout", str(args.dropout), "--hf-dir", hf_dir]
+           "--dropout", str(args.dropout), "--scan-unroll", str(args.scan_unroll),
+           "--hf-dir", hf_dir]
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
@@ -296,6 +299,8 @@ def main(argv=None):
                    help="untimed steps per side before them (ours: the first one compiles)")
     p.add_argument("--batch", type=int, default=0, help="batch size (0: tiny 32, small 4)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout rate in both models")
+    p.add_argument("--scan-unroll", type=int, default=-1,
+                   help="ours: model.scan_unroll (-1: the preset's; 0: unroll every layer)")
     p.add_argument("--hf-threads", type=int, default=0,
                    help="torch intra-op threads (0: os.cpu_count(), the cores XLA uses). On a "
                         "machine shared with other jobs, 1 can be faster: torch's OpenMP "

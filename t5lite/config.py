@@ -87,6 +87,11 @@ class ModelConfig:
     dropout_rate: float = 0.1
     dtype: str = "float32"  # compute dtype; params are always float32
     scan_layers: bool = True
+    # With scan_layers: layers per iteration of the compiled loop (lax.scan's unroll). 1 = one
+    # loop body (fastest compile); k > 1 unrolls k layers per iteration; 0 = the whole stack.
+    # Same parameter tree and numerics; unrolling skips the loop's per-layer slicing of params
+    # and stacking of activations (faster for small models on CPU, slower to compile).
+    scan_unroll: int = 1
     remat: str = "none"  # none | minimal | full
     # Family details (defaults = T5). BERT/GPT-2 presets in t5lite/models/presets.py set them.
     embed_norm: bool = False  # norm after summing embeddings (BERT)
@@ -414,6 +419,9 @@ def validate(cfg: Config) -> None:
     if cfg.train.grad_accum_steps < 1 or cfg.data.batch_size % cfg.train.grad_accum_steps:
         raise UserError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
                         f"train.grad_accum_steps={cfg.train.grad_accum_steps}")
+    if m.scan_unroll < 0:
+        raise UserError(f"model.scan_unroll must be >= 0 (0 = unroll the whole stack), "
+                        f"got {m.scan_unroll}")
     if not 0.0 <= m.dropout_rate < 1.0:
         raise UserError(f"model.dropout_rate must be in [0, 1), got {m.dropout_rate}")
     if not 0.0 <= m.mlm_predict_fraction <= 1.0 or (m.mlm_predict_fraction

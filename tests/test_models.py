@@ -292,6 +292,27 @@ def test_scan_equals_unrolled():
                                scan_fwd(stacked, batch)["logits"], atol=ATOL)
 
 
+@pytest.mark.parametrize("unroll", [0, 2])
+def test_scan_unroll_equals_loop(unroll):
+    """model.scan_unroll keeps the stacked parameter tree, logits and gradients."""
+    _, _, params, _ = shared("t5")
+    results = []
+    for u in (1, unroll):
+        cfg = tiny(**{**MODELS["t5"], "scan_unroll": u})
+        batch = random_batch(cfg)
+        model = build_model(cfg)
+
+        def loss(p):
+            logits = model.apply({"params": p}, batch, deterministic=True)["logits"]
+            return jnp.mean(jax.nn.log_softmax(logits)[..., 3]), logits
+
+        results.append(jax.jit(jax.value_and_grad(loss, has_aux=True))(params))
+    ((v1, l1), g1), ((v2, l2), g2) = results
+    np.testing.assert_allclose(l2, l1, atol=ATOL)
+    np.testing.assert_allclose(v2, v1, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g2, g1)
+
+
 def test_remat_policies_equal_outputs_and_grads():
     results = {}
     _, _, params, _ = shared("lm_rope")

@@ -53,7 +53,9 @@ def _size(table: dict, family: str, size: str):
 def _common(size: str, d, f, h, k) -> dict:
     return dict(d_model=d, d_ff=f, num_heads=h, head_dim=k,
                 dtype="float32" if size == "tiny" else "bfloat16",
-                remat="full" if size in BIG else "none")
+                remat="full" if size in BIG else "none",
+                # 2-layer stacks: loop-free layers (same params), ~10-20% faster CPU steps
+                scan_unroll=0 if size == "tiny" else 1)
 
 
 def _t5(version: str, table: dict, size: str, **model) -> Config:

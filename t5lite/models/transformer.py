@@ -144,6 +144,7 @@ class Stack(nn.Module):
             scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                               split_rngs={"params": True, "dropout": True},
                               in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=n,
+                              unroll=cfg.scan_unroll or n,
                               metadata_params={nn.PARTITION_NAME: "layers"})
             return scanned(**kw, scanned=True)
         return [block(**kw) for _ in range(n)]
