@@ -104,6 +104,41 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in rows.values())
 
 
+def test_non_finite_step_leaves_the_donated_state_unchanged():
+    cfg = tiny_config()
+    model = build_model(cfg.model)
+    mesh = partitioning.make_mesh(config_lib.MeshConfig(), jax.devices()[:1])
+    tx = optim.make_optimizer(cfg.optim, 10)
+    state, sh = trainer.create_train_state(cfg, model, mesh, tx)
+    step = trainer.make_train_step(cfg, model, tx, mesh, sh)
+    batch = partitioning.global_batch(synthetic_batches(cfg, 1)[0],
+                                      partitioning.batch_sharding(mesh))
+    state, m = step(state, batch)  # a finite step is applied
+    assert float(m["finite"]) == 1 and float(m["params_finite"]) == 1
+    assert int(state.step) == 1
+    bad = jax.tree.map(np.array, jax.device_get(state))  # writable host copies
+    bad.params["decoder"]["decoder_norm"]["scale"][0] = np.nan  # loss and gradients go NaN
+    before = jax.tree.map(np.copy, bad)
+    state, m = step(jax.device_put(bad, sh), batch)  # donated: the old buffers are gone
+    assert float(m["finite"]) == 0 and np.isnan(float(m["loss"]))
+    after = jax.device_get(state)
+    assert int(after.step) == 1
+    jax.tree.map(np.testing.assert_array_equal, after, before)  # params and Adam moments
+
+
+def test_update_that_overflows_the_params_stops_even_when_skipping_nan_steps(tmp_path):
+    cfg = tiny_config()
+    cfg.train.steps, cfg.train.eval_steps, cfg.train.stop_on_nan = 4, 0, False
+    cfg.checkpoint.every_steps = 2
+    wd = str(tmp_path / "run")
+    trainer.train(cfg, wd, train_iter=tf_iterator(cfg))
+    cfg.train.steps, cfg.optim.learning_rate = 10, 1e30  # finite gradients, huge update
+    with pytest.raises(UserError, match=r"step 5 was not finite \(the update overflowed the "
+                                        r"parameters.*last checkpoint \(4\) is good"):
+        trainer.train(cfg, wd, train_iter=tf_iterator(cfg))
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "4"]
+
+
 def test_matmul_flops_counts_every_matmul_including_scanned_layers():
     from t5lite import metrics_log
     import jax.numpy as jnp
