@@ -19,6 +19,9 @@ sides compute the same model). Each side warms up (ours: XLA compile) and then t
 - peak memory: the device's peak_bytes_in_use where JAX reports memory_stats (accelerators),
   else (CPU; always for HF) the subprocess's max RSS (getrusage) minus its RSS after imports:
   params, optimizer state, activations, compiled code and allocator slack.
+- malloc: our side runs with t5lite.host_malloc.tune_malloc() as the `t5lite` CLI does on a
+  CPU host (glibc keeps XLA's freed per-step buffers instead of unmapping them, so steps do not
+  page-fault them back in); --hf-tune-malloc gives the HF side the same settings.
 Sizes: tiny = the configs/*_tiny presets (8k vocab), batch 32; small = T5 v1.1 small (77M),
 BERT base (110M: the repo has no BERT small; it is GPT-2 small's shape) and GPT-2 small
 (124M), batch 4 (so that the whole default run stays near 10 minutes on 2 cores). Lengths:
@@ -152,6 +155,8 @@ def causal_attention_flops(cfg) -> int:
 
 
 def run_ours(args) -> dict:
+    from t5lite import host_malloc
+    malloc_tuned = host_malloc.tune_malloc()  # as the `t5lite` CLI does, before the backend
     import jax
 
     from t5lite import convert, partitioning, trainer
@@ -196,13 +201,18 @@ def run_ours(args) -> dict:
         init, _ = trainer.create_train_state(cfg, model, mesh, tx)
         convert.t5lite_to_hf(cfg, jax.device_get(init.params), args.hf_dir)
     return dict(step_s=step_s, loss0=loss0, peak_mib=peak, flops=flops, compile_s=compile_s,
-                params=sum(x.size for x in jax.tree.leaves(abstract.params)))
+                params=sum(x.size for x in jax.tree.leaves(abstract.params)),
+                malloc_tuned=malloc_tuned)
 
 
 # -------------------------------------------------------------------------- HF PyTorch
 
 
 def run_hf(args) -> dict:
+    malloc_tuned = False
+    if args.hf_tune_malloc:  # the same glibc malloc settings as ours (t5lite.host_malloc)
+        from t5lite import host_malloc
+        malloc_tuned = host_malloc.tune_malloc()
     import torch
     import transformers
     torch.set_num_threads(args.hf_threads or os.cpu_count())
@@ -236,7 +246,8 @@ def run_hf(args) -> dict:
 
     loss0, step_s = _time_steps(step, first, batches, args.steps)
     return dict(step_s=step_s, loss0=loss0, peak_mib=_rss_mib() - base,
-                attn=model.config._attn_implementation, threads=torch.get_num_threads())
+                attn=model.config._attn_implementation, threads=torch.get_num_threads(),
+                malloc_tuned=malloc_tuned)
 
 
 def hf_inputs(family: str, b: dict) -> dict:
@@ -281,7 +292,7 @@ def child(side: str, family: str, size: str, args, hf_dir: str) -> dict:
            "--sizes", size, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--batch", str(args.batch), "--hf-threads", str(args.hf_threads),
            "--dropout", str(args.dropout), "--scan-unroll", str(args.scan_unroll),
-           "--hf-dir", hf_dir]
+           "--hf-dir", hf_dir] + (["--hf-tune-malloc"] if args.hf_tune_malloc else [])
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
@@ -305,6 +316,9 @@ def main(argv=None):
                    help="torch intra-op threads (0: os.cpu_count(), the cores XLA uses). On a "
                         "machine shared with other jobs, 1 can be faster: torch's OpenMP "
                         "threads wait for each other at every op")
+    p.add_argument("--hf-tune-malloc", action="store_true",
+                   help="give the HF side the glibc malloc settings ours gets "
+                        "(t5lite.host_malloc: one arena, freed blocks kept for reuse)")
     p.add_argument("--peak-flops", type=float, default=0.0,
                    help="peak FLOP/s for MFU (0: measure a float32 2048^2 jnp.dot)")
     p.add_argument("--child", choices=("ours", "hf"), help=argparse.SUPPRESS)
@@ -344,11 +358,16 @@ def main(argv=None):
                        ours_mfu=ours["flops"] / ours["step_s"] / peak,
                        hf_mfu=ours["flops"] / hf["step_s"] / peak,
                        ours_mib=ours["peak_mib"], hf_mib=hf["peak_mib"],
-                       loss=(ours["loss0"], hf["loss0"]), attn=hf["attn"])
+                       loss=(ours["loss0"], hf["loss0"]), attn=hf["attn"],
+                       malloc=(ours["malloc_tuned"], hf["malloc_tuned"]))
             row["ratio"] = row["ours_tps"] / row["hf_tps"]
             rows.append(row)
             print(json.dumps(dict(row, ours=ours, hf=hf)), flush=True)
     print_table(rows)
+    tuned = {side: sorted({("yes" if r["malloc"][i] else "no") for r in rows})
+             for i, side in enumerate(("ours", "HF"))}
+    print("glibc malloc tuned (t5lite.host_malloc; HF: --hf-tune-malloc): "
+          + ", ".join(f"{side} {'/'.join(v)}" for side, v in tuned.items()))
     print("load average at the end " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 

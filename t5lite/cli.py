@@ -209,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from t5lite import host_malloc
+    host_malloc.tune_malloc()  # CPU runs: before JAX starts its backend threads
     _quiet_env()
     args = build_parser().parse_args(argv)
     if args.fn not in (cmd_models, cmd_convert):  # the others read data through seqio / TF

@@ -14,6 +14,10 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import pytest  # noqa: E402
 
+from t5lite import host_malloc  # noqa: E402
+
+host_malloc.tune_malloc()  # reuse XLA's per-step buffers (no page faults); before any backend
+
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
