@@ -210,7 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from t5lite import host_malloc
-    host_malloc.tune_malloc()  # CPU runs: before JAX starts its backend threads
+    try:
+        host_malloc.tune_malloc()  # CPU runs: before JAX starts its backend threads
+    except UserError as e:
+        print(f"t5lite: error: {e}", file=sys.stderr)
+        return 2
     _quiet_env()
     args = build_parser().parse_args(argv)
     if args.fn not in (cmd_models, cmd_convert):  # the others read data through seqio / TF

@@ -5,10 +5,16 @@ train step: one 316 MB block) and frees them when the step ends. glibc serves bl
 large with a fresh mmap (above M_MMAP_THRESHOLD, or when a per-thread arena cannot hold them)
 and unmaps them on free, so every step page-faults the whole block in again: ~78k minor faults
 and ~0.2 s of kernel time per T5-tiny step on 2 cores (~30% of the step). One malloc arena and
-high mmap / trim thresholds let the freed block be reused by the next step (0 faults a step);
-the cost is that freed memory stays with the process (RSS stays at its high-water mark), the
-trade every caching allocator (tcmalloc, jemalloc) makes. The same remedy MaxText applies on
+mmap / trim thresholds of 512 MiB let the freed block be reused by the next step (0 faults a
+step); the cost is that freed memory stays with the process (RSS stays at its high-water mark),
+the trade every caching allocator (tcmalloc, jemalloc) makes. The same remedy MaxText applies on
 TPU VMs by preloading tcmalloc.
+
+Why 512 MiB and not "everything": the tiny presets' step temporaries are 250-420 MiB, the
+100M-parameter presets' 0.65-1.3 GiB (compiled.memory_analysis()). Kept in one heap, blocks that
+large fragment it: the 100M presets then ran at 2x the resident memory and 0-17% slower steps
+(bench/RESULTS.md, session 8). Above the threshold glibc maps and unmaps as before.
+T5LITE_MALLOC_THRESHOLD_MIB (1-2047) moves it.
 
 The cost of one arena: threads that malloc a lot at once (tf.data's parallel maps) share one
 lock: the span-corruption pipeline made ~35% fewer tokens/s (still ~10x what the tiny train step
@@ -28,8 +34,10 @@ import glob
 import os
 import sys
 
+from t5lite.errors import UserError
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-THRESHOLD = 2 ** 31 - 1  # mallopt takes a C int: blocks up to 2 GiB stay in the heap
+DEFAULT_THRESHOLD_MIB = 512
 
 
 ACCELERATOR_NODES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*", "/dev/kfd")
@@ -55,5 +63,19 @@ def tune_malloc() -> bool:
         libc.gnu_get_libc_version  # glibc only: musl's mallopt is a no-op
     except (OSError, AttributeError):
         return False
+    threshold = threshold_bytes()
     return all(libc.mallopt(option, value) == 1 for option, value in (
-        (M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, THRESHOLD), (M_TRIM_THRESHOLD, THRESHOLD)))
+        (M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, threshold), (M_TRIM_THRESHOLD, threshold)))
+
+
+def threshold_bytes() -> int:
+    """Blocks up to this size stay in the heap (T5LITE_MALLOC_THRESHOLD_MIB, default 512)."""
+    raw = os.environ.get("T5LITE_MALLOC_THRESHOLD_MIB", str(DEFAULT_THRESHOLD_MIB))
+    try:
+        mib = int(raw)
+    except ValueError:
+        mib = 0
+    if not 1 <= mib <= 2047:  # mallopt takes a C int of bytes
+        raise UserError(f"T5LITE_MALLOC_THRESHOLD_MIB={raw!r}: give a whole number of MiB from "
+                         f"1 to 2047 (default {DEFAULT_THRESHOLD_MIB}), or unset it")
+    return mib * 2 ** 20

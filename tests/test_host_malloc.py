@@ -31,9 +31,9 @@ print(json.dumps({"tuned": tuned, "faults": min(windows)}))
 """
 
 
-def run_probe(mode: str) -> dict:
+def run_probe(mode: str, **extra_env) -> dict:
     env = {"T5LITE_TUNE_MALLOC": mode, "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **extra_env}
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
                          env=env, check=True, timeout=120)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -46,6 +46,19 @@ def test_tuned_malloc_reuses_xla_buffers_instead_of_page_faulting():
     # untuned: the temporaries come back as fresh pages every call
     assert off["faults"] > 10_000, off
     assert on["faults"] < off["faults"] / 4, (on, off)
+    # a threshold below the block's size: glibc maps and unmaps it every call, as untuned
+    small = run_probe("1", T5LITE_MALLOC_THRESHOLD_MIB="8")
+    assert small["tuned"] is True and small["faults"] > off["faults"] / 2, (small, off)
+
+
+@pytest.mark.parametrize("bad", ["0", "4096", "lots"])
+def test_bad_threshold_is_a_user_error(monkeypatch, bad):
+    from t5lite.errors import UserError
+    monkeypatch.setenv("T5LITE_MALLOC_THRESHOLD_MIB", bad)
+    with pytest.raises(UserError, match="whole number of MiB from 1 to 2047"):
+        host_malloc.threshold_bytes()
+    monkeypatch.delenv("T5LITE_MALLOC_THRESHOLD_MIB")
+    assert host_malloc.threshold_bytes() == 512 * 2 ** 20
 
 
 def test_auto_mode_tunes_cpu_hosts_only(monkeypatch):
