@@ -1,14 +1,16 @@
 """Train-step throughput, MFU and peak memory: t5lite (JAX) vs Hugging Face PyTorch, same models.
 
     python bench/train_throughput.py [--families t5,bert,gpt] [--sizes tiny,small]
-        [--steps 3] [--warmup 1] [--batch 0] [--dropout 0.0] [--peak-flops 0]
+        [--steps 0] [--warmup 1] [--batch 0] [--dropout 0.0] [--peak-flops 0]
 
 For each family and size, one fresh subprocess runs our real train step (trainer.make_train_step:
 jitted forward + backward + AdamW, state donated, as `t5lite train` runs it) and a second one
 the same model in transformers (float32, eager PyTorch, torch.optim.AdamW), each on the same
 synthetic random-token batches of fixed shapes. The HF model is our initial params exported
 with convert.t5lite_to_hf, so the first-step losses must agree (printed as a check that both
-sides compute the same model). Each side warms up (ours: XLA compile) and then times --steps.
+sides compute the same model). Each side warms up (ours: XLA compile) and then times --steps
+steps one by one (each waits for its result), reporting the median step time: on a shared
+2-core box one slow step (another job, the page cache) then moves neither side's number.
 
 - tokens/s: encoder inputs + decoder targets per step (as the trainer counts them):
   T5 B x (inputs + targets), BERT B x inputs, GPT B x targets; the same count for both sides.
@@ -48,6 +50,7 @@ import numpy as np  # noqa: E402
 
 FAMILIES = ("t5", "bert", "gpt")
 SIZES = ("tiny", "small")
+TIMED_STEPS = {"tiny": 12, "small": 4}  # --steps 0: ~3-4 s of timed steps per side at tiny
 # (preset size, batch, feature lengths) per family and bench size
 CASES = {
     ("t5", "tiny"): ("tiny", 32, {"inputs": 128, "targets": 32}),
@@ -130,15 +133,21 @@ def _rss_mib() -> float:
 
 
 def _time_steps(step, first, batches, steps, sync=lambda out: out):
-    """Run `first` (warm-up, returns the loss of step 1), then `steps` timed steps (starting
-    on the batch after the warm-up's first); `sync` waits for the last step's result (JAX
-    dispatches asynchronously)."""
+    """Run `first` (warm-up, returns the loss of step 1), then `steps` steps (starting on the
+    batch after the warm-up's first), each timed on its own: `sync` waits for its result (JAX
+    dispatches asynchronously). Returns the loss and the step times in seconds."""
     loss0 = first()
-    t0 = time.perf_counter()
+    times = []
     for i in range(steps):
-        out = step(batches[(i + 1) % len(batches)])
-    sync(out)
-    return loss0, (time.perf_counter() - t0) / steps
+        t0 = time.perf_counter()
+        sync(step(batches[(i + 1) % len(batches)]))
+        times.append(time.perf_counter() - t0)
+    return loss0, times
+
+
+def _timing(times: list) -> dict:
+    """step_s: the median step (robust to a noisy neighbour); the spread for the record."""
+    return dict(step_s=float(np.median(times)), step_min_s=min(times), step_max_s=max(times))
 
 
 # ------------------------------------------------------------------------------ ours (JAX)
@@ -191,7 +200,7 @@ def run_ours(args) -> dict:
             jax.block_until_ready(step(dev_batches[i % 2]))
         return loss0
 
-    loss0, step_s = _time_steps(step, first, dev_batches, args.steps, jax.block_until_ready)
+    loss0, times = _time_steps(step, first, dev_batches, args.steps, jax.block_until_ready)
     stats = devices[0].memory_stats() or {}  # accelerators; None on CPU: process RSS instead
     peak = (stats["peak_bytes_in_use"] / 2 ** 20 if "peak_bytes_in_use" in stats
             else _rss_mib() - base)
@@ -200,7 +209,7 @@ def run_ours(args) -> dict:
     if args.hf_dir:  # the same initial params (deterministic init), for the HF side
         init, _ = trainer.create_train_state(cfg, model, mesh, tx)
         convert.t5lite_to_hf(cfg, jax.device_get(init.params), args.hf_dir)
-    return dict(step_s=step_s, loss0=loss0, peak_mib=peak, flops=flops, compile_s=compile_s,
+    return dict(**_timing(times), loss0=loss0, peak_mib=peak, flops=flops, compile_s=compile_s,
                 params=sum(x.size for x in jax.tree.leaves(abstract.params)),
                 malloc_tuned=malloc_tuned)
 
@@ -244,8 +253,8 @@ def run_hf(args) -> dict:
             step(batches[i % 2])
         return loss0
 
-    loss0, step_s = _time_steps(step, first, batches, args.steps)
-    return dict(step_s=step_s, loss0=loss0, peak_mib=_rss_mib() - base,
+    loss0, times = _time_steps(step, first, batches, args.steps)
+    return dict(**_timing(times), loss0=loss0, peak_mib=_rss_mib() - base,
                 attn=model.config._attn_implementation, threads=torch.get_num_threads(),
                 malloc_tuned=malloc_tuned)
 
@@ -288,8 +297,9 @@ def measure_peak_flops(reps: int = 10) -> float:
 
 
 def child(side: str, family: str, size: str, args, hf_dir: str) -> dict:
+    steps = args.steps or TIMED_STEPS[size]
     cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--families", family,
-           "--sizes", size, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--sizes", size, "--steps", str(steps), "--warmup", str(args.warmup),
            "--batch", str(args.batch), "--hf-threads", str(args.hf_threads),
            "--dropout", str(args.dropout), "--scan-unroll", str(args.scan_unroll),
            "--hf-dir", hf_dir] + (["--hf-tune-malloc"] if args.hf_tune_malloc else [])
@@ -305,7 +315,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--sizes", default=",".join(SIZES))
-    p.add_argument("--steps", type=int, default=3, help="timed steps per side")
+    p.add_argument("--steps", type=int, default=0,
+                   help="timed steps per side (0: tiny 12, small 4; the median is reported)")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed steps per side before them (ours: the first one compiles)")
     p.add_argument("--batch", type=int, default=0, help="batch size (0: tiny 32, small 4)")
@@ -326,6 +337,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.child:
         args.family, args.size = args.families, args.sizes
+        args.steps = args.steps or TIMED_STEPS[args.size]
         print(json.dumps((run_ours if args.child == "ours" else run_hf)(args)))
         return
     families, sizes = args.families.split(","), args.sizes.split(",")
