@@ -21,9 +21,9 @@ steps one by one (each waits for its result), reporting the median step time: on
 - peak memory: the device's peak_bytes_in_use where JAX reports memory_stats (accelerators),
   else (CPU; always for HF) the subprocess's max RSS (getrusage) minus its RSS after imports:
   params, optimizer state, activations, compiled code and allocator slack.
-- malloc: our side runs with t5lite.host_malloc.tune_malloc() as the `t5lite` CLI does on a
-  CPU host (glibc keeps XLA's freed per-step buffers instead of unmapping them, so steps do not
-  page-fault them back in); --hf-tune-malloc gives the HF side the same settings.
+- malloc: both sides run with glibc's default malloc, as `t5lite train` does by default;
+  --tune-malloc gives both the t5lite.host_malloc settings (one arena, freed blocks up to
+  512 MiB kept, so steps do not page-fault their buffers back in; T5LITE_TUNE_MALLOC=1).
 Sizes: tiny = the configs/*_tiny presets (8k vocab), batch 32; small = T5 v1.1 small (77M),
 BERT base (110M: the repo has no BERT small; it is GPT-2 small's shape) and GPT-2 small
 (124M), batch 4 (so that the whole default run stays near 10 minutes on 2 cores). Lengths:
@@ -128,6 +128,14 @@ def step_tokens(family: str, batch: dict) -> int:
     return sum(batch[k].size for k in keys)
 
 
+def _tune_malloc(args) -> bool:
+    if not args.tune_malloc:
+        return False
+    from t5lite import host_malloc
+    os.environ["T5LITE_TUNE_MALLOC"] = "1"
+    return host_malloc.tune_malloc()
+
+
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
@@ -164,8 +172,7 @@ def causal_attention_flops(cfg) -> int:
 
 
 def run_ours(args) -> dict:
-    from t5lite import host_malloc
-    malloc_tuned = host_malloc.tune_malloc()  # as the `t5lite` CLI does, before the backend
+    malloc_tuned = _tune_malloc(args)  # before JAX starts its backend
     import jax
 
     from t5lite import convert, partitioning, trainer
@@ -218,10 +225,7 @@ def run_ours(args) -> dict:
 
 
 def run_hf(args) -> dict:
-    malloc_tuned = False
-    if args.hf_tune_malloc:  # the same glibc malloc settings as ours (t5lite.host_malloc)
-        from t5lite import host_malloc
-        malloc_tuned = host_malloc.tune_malloc()
+    malloc_tuned = _tune_malloc(args)  # the same settings as ours
     import torch
     import transformers
     torch.set_num_threads(args.hf_threads or os.cpu_count())
@@ -302,7 +306,7 @@ def child(side: str, family: str, size: str, args, hf_dir: str) -> dict:
            "--sizes", size, "--steps", str(steps), "--warmup", str(args.warmup),
            "--batch", str(args.batch), "--hf-threads", str(args.hf_threads),
            "--dropout", str(args.dropout), "--scan-unroll", str(args.scan_unroll),
-           "--hf-dir", hf_dir] + (["--hf-tune-malloc"] if args.hf_tune_malloc else [])
+           "--hf-dir", hf_dir] + (["--tune-malloc"] if args.tune_malloc else [])
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
@@ -327,9 +331,9 @@ def main(argv=None):
                    help="torch intra-op threads (0: os.cpu_count(), the cores XLA uses). On a "
                         "machine shared with other jobs, 1 can be faster: torch's OpenMP "
                         "threads wait for each other at every op")
-    p.add_argument("--hf-tune-malloc", action="store_true",
-                   help="give the HF side the glibc malloc settings ours gets "
-                        "(t5lite.host_malloc: one arena, freed blocks kept for reuse)")
+    p.add_argument("--tune-malloc", action="store_true",
+                   help="both sides with t5lite.host_malloc's glibc settings (one arena, freed "
+                        "blocks up to 512 MiB kept for reuse; T5LITE_TUNE_MALLOC=1)")
     p.add_argument("--peak-flops", type=float, default=0.0,
                    help="peak FLOP/s for MFU (0: measure a float32 2048^2 jnp.dot)")
     p.add_argument("--child", choices=("ours", "hf"), help=argparse.SUPPRESS)
@@ -378,7 +382,7 @@ def main(argv=None):
     print_table(rows)
     tuned = {side: sorted({("yes" if r["malloc"][i] else "no") for r in rows})
              for i, side in enumerate(("ours", "HF"))}
-    print("glibc malloc tuned (t5lite.host_malloc; HF: --hf-tune-malloc): "
+    print("glibc malloc tuned (t5lite.host_malloc, --tune-malloc): "
           + ", ".join(f"{side} {'/'.join(v)}" for side, v in tuned.items()))
     print("load average at the end " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 

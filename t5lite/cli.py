@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from t5lite import host_malloc
     try:
-        host_malloc.tune_malloc()  # CPU runs: before JAX starts its backend threads
+        host_malloc.tune_malloc()  # opt-in (T5LITE_TUNE_MALLOC): before JAX starts its backend
     except UserError as e:
         print(f"t5lite: error: {e}", file=sys.stderr)
         return 2

@@ -17,14 +17,18 @@ large fragment it: the 100M presets then ran at 2x the resident memory and 0-17%
 T5LITE_MALLOC_THRESHOLD_MIB (1-2047) moves it.
 
 The cost of one arena: threads that malloc a lot at once (tf.data's parallel maps) share one
-lock: the span-corruption pipeline made ~35% fewer tokens/s (still ~10x what the tiny train step
-consumes on 2 cores). So it is for CPU runs only: on a host with an accelerator the steps' buffers
-live in device memory and the host's job is the input pipeline.
+lock: the span-corruption pipeline makes 25-45% fewer tokens/s. In a real `t5lite train` run the
+pipeline and the steps share the heap and the cores, and there the trade did not pay: the
+quickstart config, 60 steps, two runs each, 54-59 s tuned vs 52-54 s untuned, +500 MB RSS
+(bench/RESULTS.md, session 8). The gain shows where a process runs jitted steps without a
+tf.data pipeline beside them (the train-step benchmark: T5 and BERT tiny steps ~20% faster).
+So it is off by default: opt in with T5LITE_TUNE_MALLOC=1 ("auto": tune on CPU-only hosts, i.e.
+unless JAX_PLATFORMS names a non-CPU platform or an accelerator device node exists; "0": never,
+the default). On an accelerator host the steps' buffers live in device memory anyway.
 
 Call tune_malloc() before JAX starts its backend (XLA's worker threads bind to an arena on their
-first malloc; calling it later has no effect); the `t5lite` CLI, the benchmark and the test suite
-do. T5LITE_TUNE_MALLOC: "auto" (default: tune unless JAX_PLATFORMS names a non-CPU platform or an
-accelerator device node exists), "1" always, "0" never. No effect outside glibc (macOS, musl).
+first malloc; calling it later has no effect); the `t5lite` CLI does, so the variable works for
+it. No effect outside glibc (macOS, musl).
 """
 
 from __future__ import annotations
@@ -53,8 +57,8 @@ def cpu_only_host() -> bool:
 
 def tune_malloc() -> bool:
     """Set glibc's malloc to keep freed large blocks (see the module doc); True if it did."""
-    mode = os.environ.get("T5LITE_TUNE_MALLOC", "auto").lower()
-    if mode in ("0", "false", "no") or (mode == "auto" and not cpu_only_host()):
+    mode = os.environ.get("T5LITE_TUNE_MALLOC", "0").lower()
+    if mode in ("0", "false", "no", "") or (mode == "auto" and not cpu_only_host()):
         return False
     if not sys.platform.startswith("linux"):
         return False

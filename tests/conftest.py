@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 
 from t5lite import host_malloc  # noqa: E402
 
-host_malloc.tune_malloc()  # reuse XLA's per-step buffers (no page faults); before any backend
+host_malloc.tune_malloc()  # off unless T5LITE_TUNE_MALLOC says otherwise; before any backend
 
 
 def pytest_addoption(parser):

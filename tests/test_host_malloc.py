@@ -61,7 +61,7 @@ def test_bad_threshold_is_a_user_error(monkeypatch, bad):
     assert host_malloc.threshold_bytes() == 512 * 2 ** 20
 
 
-def test_auto_mode_tunes_cpu_hosts_only(monkeypatch):
+def test_off_by_default_and_auto_mode_tunes_cpu_hosts_only(monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "tpu")
     assert not host_malloc.cpu_only_host()
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
@@ -73,4 +73,6 @@ def test_auto_mode_tunes_cpu_hosts_only(monkeypatch):
     assert host_malloc.tune_malloc() is False
     monkeypatch.setenv("T5LITE_TUNE_MALLOC", "0")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert host_malloc.tune_malloc() is False
+    monkeypatch.delenv("T5LITE_TUNE_MALLOC")  # the default: off (opt-in, see the module doc)
     assert host_malloc.tune_malloc() is False
