@@ -16,6 +16,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 VOCAB = 99  # deliberately odd-sized
+PARITY_TOL = 1e-4  # max abs logit difference allowed between float32 runs (t5lite or torch)
 
 
 def t5_config(v1_1: bool):

@@ -41,6 +41,21 @@ def hf_models(tmp_path_factory):
     return out
 
 
+def assert_same_torch_weights(a, b):
+    """Every tensor of two torch models bit-identical (what "exact round trip" means)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype and sa[k].shape == sb[k].shape, k
+        assert torch.equal(sa[k], sb[k]), k
+
+
+# Logits of two PyTorch runs are compared at the parity tolerance, not bitwise: the in-memory
+# model and the reloaded one may use different attention kernels (sdpa / eager) and float32 sums
+# move with thread count and load (1.5e-5 seen under CI load). Exactness is asserted on weights.
+TOL = F.PARITY_TOL
+
+
 def _logits(model, hf_batch):
     with torch.no_grad():
         o = model(**hf_batch)
@@ -63,9 +78,10 @@ def test_round_trip_is_exact_and_loads_in_transformers(kind, hf_models, tmp_path
 
     exported = F.load_hf_model(out)
     assert type(exported).__name__ == type(hf_model).__name__
+    assert_same_torch_weights(hf_model, exported)
     hf_batch, _, mask = BATCHES[kind](np.random.default_rng(0))
     a, b = _logits(hf_model, hf_batch), _logits(exported, hf_batch)
-    assert np.abs(a - b)[mask.astype(bool)].max() < 1e-5
+    assert np.abs(a - b)[mask.astype(bool)].max() < TOL
 
 
 def test_config_fields(hf_models):
@@ -148,9 +164,11 @@ def test_cli_import_then_export(hf_models, tmp_path):
     assert cli.main(["convert", "import", hf_dir, str(ckpt)]) == 2  # refuses to overwrite
 
     assert cli.main(["convert", "export", str(ckpt), str(out)]) == 0
+    exported = F.load_hf_model(out)
+    assert_same_torch_weights(hf_model, exported)
     hf_batch, _, mask = F.t5_batches(np.random.default_rng(1))
-    diff = np.abs(_logits(hf_model, hf_batch) - _logits(F.load_hf_model(out), hf_batch))
-    assert diff[mask.astype(bool)].max() < 1e-5
+    diff = np.abs(_logits(hf_model, hf_batch) - _logits(exported, hf_batch))
+    assert diff[mask.astype(bool)].max() < TOL
 
 
 # ----------------------------------------------------------------------------- user errors
@@ -229,8 +247,9 @@ def test_bert_masked_lm_without_nsp_head(tmp_path):
     assert_bitwise_equal(params, convert.hf_to_t5lite(out)[1])
     hf_batch, _, mask = F.bert_batches(np.random.default_rng(2))
     exported = transformers.BertForMaskedLM.from_pretrained(out).eval()
+    assert_same_torch_weights(model, exported)
     diff = np.abs(_logits(model, hf_batch) - _logits(exported, hf_batch))
-    assert diff[mask.astype(bool)].max() < 1e-5
+    assert diff[mask.astype(bool)].max() < TOL
 
 
 def test_other_weight_formats(hf_models, tmp_path):

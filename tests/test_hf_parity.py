@@ -15,7 +15,7 @@ import hf_fixtures as F
 from t5lite import convert
 from t5lite.models import build_model
 
-TOL = 1e-4  # max abs logit difference allowed (float32 on both sides)
+TOL = F.PARITY_TOL
 
 BATCHES = {"t5_v1_0": F.t5_batches, "t5_v1_1": F.t5_batches, "bert": F.bert_batches,
            "gpt2": F.gpt2_batches}
