@@ -183,7 +183,7 @@ def test_hosts_agree_on_the_checkpoint_when_one_cannot_read_the_newest(tmp_path)
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     try:  # without agreement the hosts restore different steps and hang in a barrier
-        outs = [p.communicate(timeout=120) for p in procs]
+        outs = [p.communicate(timeout=600) for p in procs]  # jax + orbax start-up under load
     finally:
         for p in procs:
             p.kill()
