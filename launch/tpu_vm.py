@@ -903,7 +903,8 @@ def build_parser() -> argparse.ArgumentParser:
                            ("metadata", "KEY=VALUE,... VM metadata")]:
             sp.add_argument(f"--{flag}", default="", help=f"{what} (gcloud --{flag})")
         sp.add_argument("--wait-timeout", type=float, default=3600,
-                        help="queued: seconds to wait for ACTIVE (0 = no limit; default 3600)")
+                        help="queued: seconds to wait for ACTIVE (0 = no limit; create: "
+                             "3600, supervise: no limit)")
         sp.add_argument("--poll-seconds", type=float, default=30,
                         help="queued: seconds between state checks")
 
@@ -942,6 +943,7 @@ def build_parser() -> argparse.ArgumentParser:
     create_opts(sp)
     setup_opts(sp)
     train_opts(sp)
+    sp.set_defaults(wait_timeout=0)  # spot capacity can take hours to come back
     sp.add_argument("--max-restarts", type=int, default=20)
     sp.add_argument("--backoff", type=float, default=60,
                     help="seconds before the first restart, doubled each time")

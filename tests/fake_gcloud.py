@@ -1,7 +1,8 @@
 """A fake `gcloud` for tests/test_launch.py: records every call and plays a small TPU cloud.
 
 State lives in $FAKE_CLOUD (a directory): cloud.json (resources, scripted queued-resource
-states, ssh drops), calls.jsonl (one JSON argv per call), nodes/<name>/w<i>/ (each worker's
+states, ssh drops), calls.jsonl (one JSON argv per call; worker_calls.jsonl for the calls the
+workers make), nodes/<name>/w<i>/ (each worker's
 home, where `tpu-vm ssh` runs the command with bash), gcs/ (what `gcloud storage` writes).
 Workers run `python3` / the venv's `python` from tests/fake_worker_python.py.
 """
@@ -139,7 +140,8 @@ def ssh(state, name, flags):
 
 def main():
     argv = sys.argv[1:]
-    with open(os.path.join(FAKE, "calls.jsonl"), "a") as f:
+    on_worker = "FAKE_NODE" in os.environ  # called by the job on a worker, not by the launcher
+    with open(os.path.join(FAKE, "worker_calls.jsonl" if on_worker else "calls.jsonl"), "a") as f:
         f.write(json.dumps(argv) + "\n")
     if argv[:1] == ["alpha"]:
         argv = argv[1:]

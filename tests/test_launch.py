@@ -338,6 +338,8 @@ def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
     assert "t5lite-job: worker 0 exit 0" in r.stdout and "t5lite-job: worker 1 exit 0" in r.stdout
     assert "training finished on all 2 worker(s)" in r.stderr and "billing" in r.stderr
     job_id = re.search(JOB_ID, calls[1][-1]).group(0)
+    copies = {c[3] for c in cloud.jsonl("worker_calls.jsonl") if c[:2] == ["storage", "cp"]}
+    assert copies == {f"gs://bkt/runs/a/worker_logs/{job_id}/worker-{w}.log" for w in (0, 1)}
     for w in (0, 1):  # the logs outlive the VM: copied next to the checkpoints
         copy = cloud.dir / "gcs" / "bkt" / "runs" / "a" / "worker_logs" / job_id / f"worker-{w}.log"
         assert "done: reached the last step" in copy.read_text()
@@ -455,10 +457,12 @@ def test_tpu_train_survives_an_ssh_drop(tmp_path):
 def test_tpu_supervise_restarts_after_preemption_and_a_lost_slice(tmp_path):
     """exit 75 -> the same command again; the slice preempted under the job -> the queued
     resource is deleted, created again, set up again; exit 0 -> done."""
-    cloud = FakeCloud(tmp_path, plan=["preempt", "lost", "ok"], qr_plan=["WAITING_FOR_RESOURCES"])
+    cloud = FakeCloud(tmp_path, plan=["preempt", "lost", "ok"],
+                      qr_plan=["WAITING_FOR_RESOURCES", "ACTIVE"])
     r = cloud.run("supervise", "pod", *Z, "--accelerator-type=v4-16", "--spot",
                   "--config=configs/tiny_t5.py", "--workdir=gs://b/r", "--skip-fit-check",
-                  "--no-prepare-data", "--backoff=0", "--poll-seconds=0", timeout=240)
+                  "--no-prepare-data", "--backoff=0", "--poll-seconds=0", "--wait-timeout=60",
+                  timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     actions = [c[2:4] if c[0] == "compute" else c[:2] for c in cloud.calls()
                if "describe" not in c]
@@ -466,11 +470,12 @@ def test_tpu_supervise_restarts_after_preemption_and_a_lost_slice(tmp_path):
     assert actions == [["queued-resources", "create"], ["tpu-vm", "scp"], run, run,  # setup, train
                        run, run,  # setup check, train (slice lost)
                        ["queued-resources", "delete"], ["queued-resources", "create"],
-                       ["tpu-vm", "scp"], run, run]
+                       ["tpu-vm", "scp"], run, run], (actions, r.stdout, r.stderr)
     notes = [ln for ln in r.stderr.splitlines() if "supervise:" in ln]
     assert "preempted (exit 75, checkpoint saved); restart 1/20" in notes[0]
-    assert "the queued resource is SUSPENDED" in notes[1]
-    assert "restart 2/20" in notes[2] and "reached its last step" in notes[3]
+    assert "the queued resource is SUSPENDED" in notes[1] and "restart 2/20" in notes[1]
+    assert "deleting it to create it again" in notes[2]
+    assert "reached its last step" in notes[3] and len(notes) == 4
     starts = cloud.jsonl("starts.jsonl")
     assert sorted(s["worker"] for s in starts) == ["0", "0", "0", "1", "1", "1"]
     assert len({tuple(s["argv"]) for s in starts}) == 1  # the same command every time
