@@ -550,10 +550,13 @@ def _fake_python(tmp_path):
 
 
 def test_slurm_srun_runs_every_task_with_its_process_id(tmp_path):
+    """... and passes sbatch's --cpus-per-task on to srun (not inherited since Slurm 22.05)."""
     srun = tmp_path / "srun"  # like srun on the nodes: one task per SLURM_PROCID, in order
     srun.write_text(textwrap.dedent("""\
         #!/bin/bash
         [[ "$1" == --kill-on-bad-exit=1 ]] || { echo "missing --kill-on-bad-exit" >&2; exit 9; }
+        shift
+        [[ "$1" == --cpus-per-task=6 ]] || { echo "missing --cpus-per-task" >&2; exit 9; }
         shift
         for ((i = 0; i < SLURM_NTASKS; i++)); do SLURM_PROCID=$i "$@" || exit $?; done
         """))
@@ -563,7 +566,7 @@ def test_slurm_srun_runs_every_task_with_its_process_id(tmp_path):
         capture_output=True, text=True,
         env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n[1-2]",
              "SLURM_JOB_ID": "10", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2",
-             "T5LITE_PYTHON": _fake_python(tmp_path)})
+             "SLURM_CPUS_PER_TASK": "6", "T5LITE_PYTHON": _fake_python(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         f"{i}|-m t5lite.cli train --config configs/tiny_t5.py --workdir /shared/run a "
