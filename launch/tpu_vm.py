@@ -494,6 +494,9 @@ def fit_check(args, accelerator_type: str) -> None:
          "(--skip-fit-check skips it)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
+    # Only one process may load libtpu unless this is set; the compile targets an abstract
+    # topology and never opens a TPU, so it may run beside another compile or test.
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env=env)
     last = (r.stderr.strip().splitlines() or [""])[-1]
     if r.returncode != 0:
@@ -530,6 +533,8 @@ def fit_check(args, accelerator_type: str) -> None:
 def fit_fixes(report: dict, overrides: list[str]) -> list[str]:
     """The --set changes that shrink what the compile report says is too big."""
     sets = dict(item.split("=", 1) for item in overrides if "=" in item)
+    remat = report.get("remat", sets.get("model.remat"))
+    accum = int(report.get("grad_accum_steps", sets.get("train.grad_accum_steps", 1)))
     per_chip = report.get("bytes_per_chip") or {}
     chips = int(report.get("chips") or 1)
     mesh = report.get("mesh") or {}
@@ -542,10 +547,9 @@ def fit_fixes(report: dict, overrides: list[str]) -> list[str]:
         fixes.append(f"--set mesh.fsdp={chips // tensor} --set mesh.data=1 (shard parameters and "
                      f"optimizer state over all {chips} chips)")
     if per_chip.get("temp", 0) >= 0.25 * state:
-        if sets.get("model.remat") != "full":
+        if remat != "full":
             fixes.append("--set model.remat=full (recompute activations in the backward pass)")
-        accum = int(sets.get("train.grad_accum_steps", 1)) * 2
-        fixes.append(f"--set train.grad_accum_steps={accum} (smaller micro-batches)")
+        fixes.append(f"--set train.grad_accum_steps={accum * 2} (smaller micro-batches)")
     return fixes or ["a larger slice"]
 
 
