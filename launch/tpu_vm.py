@@ -499,6 +499,25 @@ def fit_check(args, accelerator_type: str) -> None:
     env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env=env)
     last = (r.stderr.strip().splitlines() or [""])[-1]
+    oom = re.search(r"(?s)RESOURCE_EXHAUSTED.*?required for ([\w ]+?) \(([\d.]+)([KMGT])\) "
+                    r"exceeds available HBM \(([\d.]+)([KMGT])\)", r.stderr)
+    if r.returncode != 0 and oom:  # XLA itself refused: it does not fit
+        scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+        need = float(oom.group(2)) * scale[oom.group(3)]
+        hbm = float(oom.group(4)) * scale[oom.group(5)]
+        st = parse_accelerator_type(accelerator_type)
+        sets = dict(item.split("=", 1) for item in args.set or [] if "=" in item)
+        report = {"chips": st.size // 2 if GENERATIONS[st.generation].unit == "cores" else st.size,
+                  "mesh": {k: int(sets.get(f"mesh.{k}", v)) for k, v in
+                           (("data", -1), ("fsdp", 1), ("tensor", 1))},
+                  "bytes_per_chip": {"temp" if "tempor" in oom.group(1) else "params": need}}
+        raise LaunchError(f"{args.config} does not fit {accelerator_type}: the compiler needs "
+                          f"{_gib(need)} GiB of HBM per chip for {oom.group(1)}, "
+                          f"{_gib(hbm)} GiB available. Try "
+                          + "; ".join(fit_fixes(report, args.set or []))
+                          + f"; `t5lite compile --config {args.config} --topology "
+                          f"{accelerator_type} --search` ranks the settings that fit. Or pass "
+                          "--skip-fit-check.")
     if r.returncode != 0:
         if "No module named" in r.stderr or "libtpu" in r.stderr.lower():
             raise LaunchError("the fit check compiles for the TPU here and needs t5lite with "

@@ -212,7 +212,7 @@ def test_tpu_train_refuses_a_config_that_does_not_fit():
     assert r.returncode == 2, r.stderr
     assert r.stdout == ""  # no gcloud command
     err = r.stderr.strip().splitlines()[-1]
-    assert "does not fit v5litepod-1" in err and "GiB HBM per chip" in err
+    assert "does not fit v5litepod-1" in err and "HBM per chip" in err
     assert "--set model.remat=full" in err and "--set train.grad_accum_steps=2" in err
     assert "--skip-fit-check" in err
 
