@@ -519,10 +519,12 @@ def fit_check(args, accelerator_type: str) -> None:
                           f"{accelerator_type} --search` ranks the settings that fit. Or pass "
                           "--skip-fit-check.")
     if r.returncode != 0:
-        if "No module named" in r.stderr or "libtpu" in r.stderr.lower():
-            raise LaunchError("the fit check compiles for the TPU here and needs t5lite with "
-                              "jax[tpu] (libtpu): pip install -e '.[tpu]' (or pass "
-                              f"--skip-fit-check). ({last})")
+        if "No module named" in r.stderr:
+            raise LaunchError("the fit check compiles for the TPU on this machine and needs "
+                              "t5lite's dependencies with jax[tpu] (libtpu): pip install -e "
+                              f"'.[tpu]' (or pass --skip-fit-check). ({last})")
+        # exit 2: t5lite's one-line error (e.g. no libtpu: it says what to install)
+        last = last.removeprefix("t5lite: error: ")
         raise LaunchError(f"fit check failed: {last} (or pass --skip-fit-check)")
     try:
         report = json.loads(r.stdout.strip().splitlines()[-1])
