@@ -396,6 +396,14 @@ def test_tpu_status_and_delete_find_a_plain_vm(tmp_path):
     assert r.returncode == 0 and "state: READY" in r.stdout
     assert cloud.calls() == [describe("queued-resources", "vm"), describe("tpu-vm", "vm"),
                              [*TPUS, "tpu-vm", "describe", "vm", *Z]]
+    nodes = cloud.state("nodes")
+    nodes["vm"]["state"] = "PREEMPTED"
+    cloud.set_state(nodes=nodes)
+    r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check")
+    assert r.returncode == 2 and "is PREEMPTED, not READY" in r.stderr and "supervise" in r.stderr
+    r = cloud.run("logs", "vm", *Z)
+    assert r.returncode == 2 and "--workdir=gs://" in r.stderr
+    cloud.calls()
     r = cloud.run("delete", "vm", *Z, "--no-stop-job")
     assert r.returncode == 0
     assert cloud.calls()[-1] == [*TPUS, "tpu-vm", "delete", "vm", *Z, "--quiet"]
