@@ -159,7 +159,7 @@ cmd_wrap() {
     local rc=$?
     echo "=== exit $rc, $(date -u '+%F %T') UTC"
     echo "$rc" >"$EXITF.tmp" && mv "$EXITF.tmp" "$EXITF"
-    pkill -P "$syncer" 2>/dev/null; kill "$syncer" 2>/dev/null
+    pkill -P "$syncer" 2>/dev/null; kill "$syncer" 2>/dev/null; wait "$syncer" 2>/dev/null
     sync_logs
     rm -f "$PIDF"
     exit "$rc"

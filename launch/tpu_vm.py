@@ -421,6 +421,9 @@ def ship_commands(cloud: Cloud, args) -> tuple[list[list[str]], str]:
         if dirty.strip():
             note("shipping HEAD: uncommitted changes are not copied (commit them first)")
     archive = os.path.join(tempfile.gettempdir(), f"t5lite-src-{args.name}.tar.gz")
+    if not cloud.dry:  # one file per run: two launchers on this machine must not share it
+        fd, archive = tempfile.mkstemp(prefix=f"t5lite-src-{args.name}-", suffix=".tar.gz")
+        os.close(fd)
     return ([["git", "-C", REPO_ROOT, "archive", "--format=tar.gz", f"--output={archive}", "HEAD"],
              cloud.tpu_conn("tpu-vm", "scp", archive, f"{args.name}:t5lite-src.tar.gz",
                        "--worker=all") + cloud.where() + cloud.conn()],
@@ -450,13 +453,17 @@ def setup(cloud: Cloud, args, node: Node | None = None) -> None:
     node = node or require_node(cloud, args)
     check_ssh_agent(0 if cloud.dry else node.workers)
     cmds, fetch = ship_commands(cloud, args)
-    for cmd in cmds:
-        if cmd[0] == "git":
-            if cloud.run(cmd) != 0:
-                raise LaunchError("git archive failed: run setup from a git checkout, or "
-                                  "pass --repo=URL")
-        else:
-            cloud.check(cmd, "copying the code to the workers")
+    try:
+        for cmd in cmds:
+            if cmd[0] == "git":
+                if cloud.run(cmd) != 0:
+                    raise LaunchError("git archive failed: run setup from a git checkout, or "
+                                      "pass --repo=URL")
+            else:
+                cloud.check(cmd, "copying the code to the workers")
+    finally:
+        if cmds and not cloud.dry:
+            os.remove(cmds[0][-2].removeprefix("--output="))  # git archive's file
     rc, lines = cloud.stream(cloud.ssh_cmd(setup_script(fetch, args.prepare_data)))
     ok = sum(line.strip() == "t5lite-setup: ok" for line in lines)
     if not cloud.dry and (rc != 0 or ok < node.workers):
@@ -1024,6 +1031,9 @@ def main(argv=None) -> int:
         print(f"tpu_vm.py: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if args.subcommand in ("train", "supervise") and not args.dry_run:
+            note(f"interrupted: a started job keeps running on the workers; "
+                 f"{verb_line(args, 'train')} ... attaches again, `stop-job` stops it.")
         return 130
 
 

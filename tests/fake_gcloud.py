@@ -103,7 +103,9 @@ def ssh(state, name, flags):
     drop = "tpu_job.sh run" in cmd and state.get("drop_ssh", 0) > 0
     if drop:
         state["drop_ssh"] -= 1
-        save(state)
+    if "tpu_job.sh run" in cmd:  # the workers' trainers play plan[run - 1]: all alike
+        state["train_runs"] = state.get("train_runs", 0) + 1
+    save(state)
 
     def start():
         procs = []
@@ -112,7 +114,8 @@ def ssh(state, name, flags):
             env = {"PATH": os.pathsep.join([os.path.join(FAKE, "workerbin"),
                                             os.path.join(FAKE, "bin"), "/usr/bin", "/bin"]),
                    "HOME": home, "T5LITE_WORKER": str(w), "FAKE_CLOUD": FAKE,
-                   "FAKE_NODE": name, "T5LITE_TPU_LOCKFILE": os.path.join(home, "libtpu_lockfile")}
+                   "FAKE_NODE": name, "FAKE_RUN": str(state.get("train_runs", 0)),
+                   "T5LITE_TPU_LOCKFILE": os.path.join(home, "libtpu_lockfile")}
             procs.append(subprocess.Popen(["bash", "-c", cmd], cwd=home, env=env,
                                           start_new_session=True))
         return procs

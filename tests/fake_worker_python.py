@@ -1,7 +1,8 @@
 """Stands in for `python3` and the venv's `python` on the fake TPU workers (tests/fake_gcloud.py).
 
 `-m pip` / `-m uv pip` are recorded; `-m uv venv DIR` makes DIR/bin/python (this script);
-`-m t5lite.cli train` plays the next action of $FAKE_CLOUD/plan.json for this worker:
+`-m t5lite.cli train` plays action $FAKE_RUN (the launcher's n-th `train` ssh) of
+$FAKE_CLOUD/plan.json:
 ok (a few steps, exit 0), preempt (exit 75), fail (exit 1), lost (the slice is preempted
 under it), long (3 s of steps, exit 0), slow (steps until SIGTERM, then "checkpoint saved"
 and exit 75; every action does that on SIGTERM).
@@ -24,12 +25,9 @@ def record(name, **item):
 
 
 def train(argv):
-    starts = os.path.join(FAKE, "starts.jsonl")
-    mine = [json.loads(ln) for ln in open(starts)] if os.path.exists(starts) else []
-    n = sum(s["worker"] == WORKER for s in mine)
     record("starts.jsonl", argv=argv)
     plan = json.load(open(os.path.join(FAKE, "plan.json")))
-    action = plan[min(n, len(plan) - 1)]
+    action = plan[min(int(os.environ["FAKE_RUN"]) - 1, len(plan) - 1)]  # a slice's workers alike
     step = 0
 
     def term(*_):

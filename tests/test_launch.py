@@ -314,9 +314,12 @@ def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
 
     r = cloud.run("setup", "pod", *Z)
     assert r.returncode == 0, r.stdout + r.stderr
-    archive = os.path.join(tempfile.gettempdir(), "t5lite-src-pod.tar.gz")
     fetch = "rm -rf ~/t5lite && mkdir -p ~/t5lite && tar -xzf ~/t5lite-src.tar.gz -C ~/t5lite"
-    assert cloud.calls() == [
+    calls = cloud.calls()
+    archive = calls[1][4]  # a file of its own (this run's), removed after the copy
+    assert re.fullmatch(re.escape(os.path.join(tempfile.gettempdir(), "t5lite-src-pod-"))
+                        + r"\w+\.tar\.gz", archive) and not os.path.exists(archive)
+    assert calls == [
         describe("tpu-vm", "pod"),
         [*TPUS, "tpu-vm", "scp", archive, "pod:t5lite-src.tar.gz", "--worker=all", *Z],
         ssh_call("pod", tpu_vm.setup_script(fetch, True))]
