@@ -152,7 +152,7 @@ cmd_run() {
 # Runs inside the job's process group: the command, its exit code, the log copies.
 cmd_wrap() {
     echo $$ >"$PIDF.tmp" && mv "$PIDF.tmp" "$PIDF"
-    (while sleep "${T5LITE_SYNC_EVERY:-60}"; do sync_logs; done) &
+    (while sleep "${T5LITE_SYNC_EVERY:-60}"; do sync_logs; done) 2>/dev/null &
     local syncer=$!
     trap : TERM INT HUP  # outlive the signal: the trainer saves a checkpoint, we record its exit
     "$@"

@@ -61,6 +61,8 @@ def node_dir(name):
 
 def make_node(state, name, acc, workers):
     state["nodes"][name] = {"state": "READY", "acc": acc, "workers": workers}
+    if os.path.exists(os.path.join(FAKE, f"preempt-{name}")):  # the old slice's workers asked
+        os.remove(os.path.join(FAKE, f"preempt-{name}"))
     for w in range(workers):
         os.makedirs(os.path.join(node_dir(name), f"w{w}"), exist_ok=True)
 
