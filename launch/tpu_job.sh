@@ -125,7 +125,10 @@ cmd_run() {
         fi
         say "attached to the running job (pid $pid)"
         [[ $detach == 1 ]] && exit 0
-        attach "$pid" "$(( $(stat -L -c %s "$CURRENT_LOG" 2>/dev/null || echo 0) + 1 ))"
+        local size recent  # show the last 20 lines, then follow
+        size="$(stat -L -c %s "$CURRENT_LOG" 2>/dev/null || echo 0)"
+        recent="$(tail -n 20 "$CURRENT_LOG" 2>/dev/null | wc -c)"
+        attach "$pid" "$(( size - recent + 1 ))"
     fi
     clean_stale
     job_id="${job_id:-$(date -u +%Y%m%dT%H%M%SZ)}"

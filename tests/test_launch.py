@@ -452,6 +452,21 @@ def test_tpu_train_is_idempotent(tmp_path):
     assert "worker 0 stopped (exit 75)" in r.stdout, r.stdout + r.stderr
     log = (home / "t5lite-train.log").read_text()
     assert log.startswith("=== t5lite job") and "checkpoint saved" in log
+    # a job whose pid file was lost is stale: ended before the next start, not run beside it
+    assert cloud.run(*args).returncode == 0
+    old = int((home / "t5lite-job" / "pid").read_text())
+    (home / "t5lite-job" / "pid").unlink()
+    r = cloud.run(*args)
+    assert f"ending stale process {old}:" in r.stdout and "started job" in r.stdout, r.stdout
+    assert not _running(old)
+    assert "worker 0 stopped (exit 75)" in cloud.run("stop-job", "vm", *Z).stdout
+
+
+def _running(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().split(") ")[1][0] not in "ZX"
+    except OSError:
+        return False
 
 
 def test_tpu_train_survives_an_ssh_drop(tmp_path):
