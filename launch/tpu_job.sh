@@ -116,8 +116,12 @@ cmd_run() {
     [[ $# -gt 0 ]] || { echo "tpu_job.sh: give the command after --" >&2; exit 2; }
     local cmd pid
     cmd="$(printf '%q ' "$@")"
+    # One `run` at a time decides (a rerun racing a re-sent ssh command must not start two jobs).
+    exec 9>"$JOB_HOME/run.lock"
+    flock -w 120 9 || true
     pid="$(live_pid)"
     if [[ -n "$pid" ]]; then
+        exec 9>&-
         if [[ "$(cat "$CMDF" 2>/dev/null)" != "$cmd" ]]; then
             say "refused: another job is running (pid $pid: $(cat "$CMDF")); stop it first" \
                 "(tpu_vm.py stop-job)"
@@ -143,12 +147,13 @@ cmd_run() {
     # ssh session; stdin from /dev/null so a dropped connection cannot stop it; started from a
     # subshell so that init, not this shell, reaps it.
     (T5LITE_SYNC_EVERY="$every" setsid env T5LITE_JOB_HOME="$JOB_HOME" \
-        bash "${BASH_SOURCE[0]}" _wrap "$@" >>"$log" 2>&1 </dev/null &)
+        bash "${BASH_SOURCE[0]}" _wrap "$@" >>"$log" 2>&1 </dev/null 9>&- &)
     for _ in $(seq 100); do [[ -s "$PIDF" ]] && break; sleep 0.1; done
+    exec 9>&-
     pid="$(cat "$PIDF" 2>/dev/null)"
-    say "started job $job_id (pid ${pid:-?})"
-    [[ $detach == 1 ]] && exit 0
     [[ -n "$pid" ]] || { say "lost (the job did not start; see $log)"; exit 1; }
+    say "started job $job_id (pid $pid)"
+    [[ $detach == 1 ]] && exit 0
     attach "$pid" "$from"
 }
 
