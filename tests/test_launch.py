@@ -362,6 +362,9 @@ def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
     assert cloud.calls() == [describe("tpu-vm", "pod"),
                              ssh_call("pod", "bash ~/t5lite/launch/tpu_job.sh stop --grace 180")]
 
+    r = cloud.run("stop-vm", "pod", *Z)
+    assert r.returncode == 2 and "can only be deleted" in r.stderr
+    cloud.calls()
     r = cloud.run("delete", "pod", *Z)  # finds out by itself that pod is a queued resource
     assert r.returncode == 0, r.stderr
     assert cloud.calls() == [
@@ -399,6 +402,13 @@ def test_tpu_status_and_delete_find_a_plain_vm(tmp_path):
     assert r.returncode == 0 and "state: READY" in r.stdout
     assert cloud.calls() == [describe("queued-resources", "vm"), describe("tpu-vm", "vm"),
                              [*TPUS, "tpu-vm", "describe", "vm", *Z]]
+    r = cloud.run("stop-vm", "vm", *Z)  # billing stops, the VM stays
+    assert r.returncode == 0 and "no longer billed" in r.stderr
+    assert cloud.calls()[-1] == [*TPUS, "tpu-vm", "stop", "vm", *Z]
+    r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check")
+    assert r.returncode == 2 and "is STOPPED, not READY: start it" in r.stderr
+    assert cloud.run("start-vm", "vm", *Z).returncode == 0
+    assert cloud.state("nodes")["vm"]["state"] == "READY"
     nodes = cloud.state("nodes")
     nodes["vm"]["state"] = "PREEMPTED"
     cloud.set_state(nodes=nodes)
@@ -438,7 +448,8 @@ def test_tpu_train_is_idempotent(tmp_path):
     assert r.returncode == 0 and "started job" in r.stdout, r.stdout + r.stderr
     assert "removing stale" in r.stdout and not (home / "libtpu_lockfile").exists()
     pid = (home / "t5lite-job" / "pid").read_text()
-    time.sleep(0.5)
+    r = cloud.run("setup", "vm", *Z, "--no-prepare-data")  # never under a running job
+    assert r.returncode == 1 and "a job is running on this worker" in r.stdout
     r = cloud.run(*args)
     assert r.returncode == 0 and "attached to the running job" in r.stdout
     r = cloud.run(*args[:-1], "--set", "train.steps=5")
