@@ -717,6 +717,10 @@ def ensure_slice(cloud: Cloud, args, queued: bool) -> bool:
         if state in ("ACCEPTED", "CREATING", "PROVISIONING", "WAITING_FOR_RESOURCES"):
             wait_active(cloud, args)
             return True
+        while state == "DELETING":  # someone deleted it: wait until it is gone
+            time.sleep(args.poll_seconds)
+            qr = cloud.queued_resource()
+            state = qr_state(qr)[0] if qr else "NOT_FOUND"
         if qr is not None:
             note(f"supervise: {why}: deleting it to create it again")
             delete_resource(cloud, args, "queued")
