@@ -7,7 +7,7 @@ setup(
     version="0.1.0",
     description="BERT, GPT and T5 in JAX/Flax: pretrain, finetune, shard, reproduce T5 ablations",
     packages=find_packages(include=["t5lite", "t5lite.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     install_requires=[
         "jax==0.10.2",
         "jaxlib==0.10.2",

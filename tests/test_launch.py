@@ -1,8 +1,12 @@
-"""Launchers: the TPU VM dry run prints exact gcloud commands, the SLURM / multi-node scripts
-derive the jax.distributed environment, and local_multiprocess starts, prefixes and stops jobs."""
+"""Launchers: the TPU VM launcher against a fake gcloud (tests/fake_gcloud.py: exact calls,
+queued states, ssh drops, preemptions) and in dry runs; the SLURM / multi-node scripts derive
+the jax.distributed environment; local_multiprocess starts, prefixes and stops jobs."""
 
 import importlib.util
+import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,57 +36,64 @@ def tpu(*argv):
                           capture_output=True, text=True, timeout=60)
 
 
-# ----------------------------------------------------------------------------- TPU VM
+# ----------------------------------------------------------------------------- TPU VM: dry run
+
+ZONE = ["--zone=us-central2-b", "--project=my-proj"]
+JOB_ID = r"\d{8}T\d{6}Z"
 
 
-def expected_tpu_commands(name, accelerator, runtime):
-    zone = "--zone=us-central2-b --project=my-proj"
+@pytest.mark.parametrize("accelerator,runtime,hosts,create", [
+    ("v4-8", "tpu-ubuntu2204-base", 1,
+     "gcloud compute tpus tpu-vm create {n} --accelerator-type=v4-8 "
+     "--version=tpu-ubuntu2204-base --zone=us-central2-b --project=my-proj"),
+    ("v5p-32", "v2-alpha-tpuv5", 4,  # a pod slice: a queued resource unless --no-queued
+     "gcloud compute tpus queued-resources create {n} --node-id={n} --accelerator-type=v5p-32 "
+     "--runtime-version=v2-alpha-tpuv5 --zone=us-central2-b --project=my-proj"),
+])
+def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts, create):
+    name = f"t5-{accelerator}"
+    where = [*ZONE, f"--accelerator-type={accelerator}", "--dry-run"]
     archive = os.path.join(tempfile.gettempdir(), f"t5lite-src-{name}.tar.gz")
-    install = ("'set -e; rm -rf ~/t5lite && mkdir -p ~/t5lite && tar -xzf ~/t5lite-src.tar.gz "
-               "-C ~/t5lite && cd ~/t5lite && python3 -m pip install --upgrade pip && "
-               "python3 -m pip install -e \".[tpu]\" && python3 -m t5lite.cli data prepare'")
-    train = ("'cd ~/t5lite || exit 1; export PATH=\"$HOME/.local/bin:$PATH\"; "
-             "export T5LITE_DATA_DIR=/mnt/data; "
-             "nohup t5lite train --config=configs/tiny_t5.py --workdir=gs://bkt/runs/a "
-             "--set mesh.multihost=true --set train.steps=100 > ~/t5lite-train.log 2>&1 & "
-             "pid=$!; echo $pid > ~/t5lite-train.pid; "
-             "tail --pid=$pid -n +1 -f ~/t5lite-train.log; wait $pid'")
-    return {
-        "create": [f"gcloud compute tpus tpu-vm create {name} --accelerator-type={accelerator} "
-                   f"--version={runtime} {zone}"],
+    fetch = ("rm -rf ~/t5lite && mkdir -p ~/t5lite && tar -xzf ~/t5lite-src.tar.gz -C ~/t5lite")
+    expected = {
+        "create": [create.format(n=name)],
         "setup": [f"git -C {ROOT} archive --format=tar.gz --output={archive} HEAD",
                   f"gcloud compute tpus tpu-vm scp {archive} {name}:t5lite-src.tar.gz "
-                  f"--worker=all {zone}",
-                  f"gcloud compute tpus tpu-vm ssh {name} --worker=all {zone} "
-                  f"--command {install}"],
-        "train": [f"gcloud compute tpus tpu-vm ssh {name} --worker=all {zone} "
-                  f"--command {train}"],
-        "delete": [f"gcloud compute tpus tpu-vm delete {name} {zone} --quiet"],
+                  "--worker=all --zone=us-central2-b --project=my-proj",
+                  f"gcloud compute tpus tpu-vm ssh {name} --worker=all --zone=us-central2-b "
+                  "--project=my-proj --command "
+                  + shlex.quote(tpu_vm.setup_script(fetch, True))],
+        "delete": [f"gcloud compute tpus {'queued-resources' if hosts > 1 else 'tpu-vm'} delete "
+                   f"{name} --zone=us-central2-b --project=my-proj "
+                   + ("--force --quiet" if hosts > 1 else "--quiet")],
     }
-
-
-@pytest.mark.parametrize("accelerator,runtime,hosts", [
-    ("v4-8", "tpu-ubuntu2204-base", 1),
-    ("v5p-32", "v2-alpha-tpuv5", 4),
-])
-def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts):
-    name = f"t5-{accelerator}"
-    where = ["--zone=us-central2-b", "--project=my-proj", f"--accelerator-type={accelerator}",
-             "--dry-run"]
-    argv = {
-        "create": ["create", name, *where],
-        "setup": ["setup", name, *where],
-        "train": ["train", name, *where, "--config=configs/tiny_t5.py",
-                  "--workdir=gs://bkt/runs/a", "--set", "train.steps=100",
-                  "--env", "T5LITE_DATA_DIR=/mnt/data"],
-        "delete": ["delete", name, *where],
-    }
-    expected = expected_tpu_commands(name, accelerator, runtime)
+    argv = {"create": ["create", name, *where], "setup": ["setup", name, *where],
+            "delete": ["delete", name, *where] + ["--queued"] * (hosts > 1)}
     for sub, args in argv.items():
         r = tpu(*args)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == expected[sub], sub
         assert f"{accelerator}: {hosts} host(s)" in r.stderr
+    r = tpu("train", name, *where, "--config=configs/tiny_t5.py", "--workdir=gs://bkt/runs/a",
+            "--set", "train.steps=100", "--env", "T5LITE_DATA_DIR=/mnt/data", "--skip-fit-check")
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(
+        f"gcloud compute tpus tpu-vm ssh {name} --worker=all --zone=us-central2-b "
+        "--project=my-proj --command " + re.escape(shlex.quote(
+            "bash ~/t5lite/launch/tpu_job.sh run --job-id JOB --logs-url "
+            "gs://bkt/runs/a/worker_logs --sync-every 60 -- env T5LITE_DATA_DIR=/mnt/data "
+            "~/t5lite-venv/bin/python -m t5lite.cli train --config=configs/tiny_t5.py "
+            "--workdir=gs://bkt/runs/a --set mesh.multihost=true --set train.steps=100"))
+        .replace("JOB", JOB_ID) + "\n", r.stdout)
+
+
+def test_tpu_setup_installs_python_3_12_with_uv():
+    """The TPU images' python3 is 3.10; setup makes a uv venv with 3.12 and installs there."""
+    script = tpu_vm.setup_script("true", False)
+    assert "python3 -m pip install --user --quiet --upgrade uv" in script
+    assert "python3 -m uv venv --python 3.12 ~/t5lite-venv" in script
+    assert "python3 -m uv pip install --python ~/t5lite-venv/bin/python -e '.[tpu]'" in script
+    assert "python_requires=\">=3.11\"" in open(os.path.join(ROOT, "setup.py")).read()
 
 
 def test_tpu_dry_run_runs_nothing(tmp_path):
@@ -93,36 +104,51 @@ def test_tpu_dry_run_runs_nothing(tmp_path):
     assert [line.split()[0] for line in r.stdout.splitlines()] == ["git", "gcloud", "gcloud"]
 
 
-def test_tpu_queued_spot_and_best_effort():
+def test_tpu_create_options_queued_spot_best_effort():
     r = tpu("create", "q", "--zone=europe-west4-b", "--accelerator-type=v5litepod-16",
-            "--queued", "--spot", "--dry-run")
+            "--spot", "--network=net", "--subnetwork=sub", "--service-account=sa@p.iam",
+            "--scopes=cloud-platform", "--metadata=k=v", "--internal-ip", "--dry-run")
     assert r.stdout.splitlines() == [
         "gcloud compute tpus queued-resources create q --node-id=q "
         "--accelerator-type=v5litepod-16 --runtime-version=v2-alpha-tpuv5-lite "
-        "--zone=europe-west4-b --spot"]
-    assert "v5litepod-16: 4 host(s)" in r.stderr
+        "--zone=europe-west4-b --network=net --subnetwork=sub --service-account=sa@p.iam "
+        "--scopes=cloud-platform --metadata=k=v --internal-ips --spot"]
+    assert "v5litepod-16: 4 host(s)" in r.stderr and "queued resource" in r.stderr
     r = tpu("create", "q", "--accelerator-type=v6e-8", "--queued", "--best-effort",
             "--runtime-version=my-runtime", "--dry-run")
     assert r.stdout.splitlines() == [
         "gcloud alpha compute tpus queued-resources create q --node-id=q "
         "--accelerator-type=v6e-8 --runtime-version=my-runtime --best-effort"]
-    r = tpu("delete", "q", "--queued", "--dry-run")
-    assert r.stdout.splitlines() == ["gcloud compute tpus queued-resources delete q --force --quiet"]
+    assert "gcloud components install alpha" in r.stderr
+    r = tpu("create", "q", "--accelerator-type=v4-32", "--no-queued", "--dry-run")
+    assert r.stdout.startswith("gcloud compute tpus tpu-vm create q")
+    r = tpu("create", "q", "--accelerator-type=v4-8", "--best-effort", "--dry-run")
+    assert r.returncode == 2 and "add --queued" in r.stderr
 
 
-def test_tpu_setup_from_git_logs_and_stop():
+def test_tpu_setup_from_git_logs_stop_job_and_iap():
     r = tpu("setup", "n", "--repo=https://example.com/t5lite.git", "--branch=v1",
             "--no-prepare-data", "--dry-run")
+    fetch = "rm -rf ~/t5lite && git clone --depth 1 --branch v1 https://example.com/t5lite.git ~/t5lite"
     assert r.stdout.splitlines() == [
-        "gcloud compute tpus tpu-vm ssh n --worker=all --command 'set -e; rm -rf ~/t5lite && "
-        "git clone --depth 1 --branch v1 https://example.com/t5lite.git ~/t5lite && "
-        "cd ~/t5lite && python3 -m pip install --upgrade pip && "
-        "python3 -m pip install -e \".[tpu]\"'"]
-    r = tpu("logs", "n", "--worker=3", "--lines=20", "--dry-run")
+        "gcloud compute tpus tpu-vm ssh n --worker=all --command "
+        + shlex.quote(tpu_vm.setup_script(fetch, False))]
+    r = tpu("logs", "n", "--worker=3", "--lines=20", "--internal-ip", "--dry-run")
     assert r.stdout.splitlines() == [
-        "gcloud compute tpus tpu-vm ssh n --worker=3 --command 'tail -n 20 -f ~/t5lite-train.log'"]
+        "gcloud compute tpus tpu-vm ssh n --worker=3 --internal-ip "
+        "--command 'tail -n 20 -F ~/t5lite-train.log'"]
+    r = tpu("stop-job", "n", "--tunnel-through-iap", "--dry-run")
+    assert r.stdout.splitlines() == [
+        "gcloud alpha compute tpus tpu-vm ssh n --worker=all --tunnel-through-iap "
+        "--command 'bash ~/t5lite/launch/tpu_job.sh stop --grace 180'"]
+
+
+def test_tpu_stop_is_ambiguous_and_names_the_billing_verbs():
     r = tpu("stop", "n", "--dry-run")
-    assert "--worker=all" in r.stdout and "kill $(cat ~/t5lite-train.pid)" in r.stdout
+    assert r.returncode == 2 and r.stdout == ""
+    assert "stop-job" in r.stderr and "still billed" in r.stderr and "delete" in r.stderr
+    r = tpu("--help")
+    assert "stop-job" in r.stdout and "KEEPS RUNNING" in r.stdout and "billing stops" in r.stdout
 
 
 @pytest.mark.parametrize("accelerator,message", [
@@ -151,6 +177,362 @@ def test_tpu_hosts_per_slice():
                      "v5p-8": 1, "v5p-32": 4, "v5p-128": 16, "v5litepod-1": 1,
                      "v5litepod-8": 1, "v5litepod-16": 4, "v5litepod-256": 64, "v6e-8": 1,
                      "v6e-64": 16}
+
+
+# ----------------------------------------------------------------------------- TPU VM: fit check
+
+
+def test_tpu_fit_fixes_follow_the_compile_report():
+    report = {"chips": 8, "mesh": {"data": 8, "fsdp": 1, "tensor": 1}, "remat": "minimal",
+              "grad_accum_steps": 2,
+              "bytes_per_chip": {"params": 4 << 30, "opt_state": 8 << 30, "temp": 20 << 30}}
+    fixes = tpu_vm.fit_fixes(report, [])
+    assert fixes[0].startswith("--set mesh.fsdp=8 --set mesh.data=1")
+    assert fixes[1].startswith("--set model.remat=full")
+    assert fixes[2].startswith("--set train.grad_accum_steps=4")
+    report = {"chips": 8, "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
+              "bytes_per_chip": {"params": 40 << 30, "opt_state": 80 << 30, "temp": 1 << 30}}
+    assert tpu_vm.fit_fixes(report, []) == ["a larger slice"]
+    report["bytes_per_chip"]["temp"] = 40 << 30  # without "remat" in the report: from --set
+    assert tpu_vm.fit_fixes(report, ["model.remat=full"]) == [
+        "--set train.grad_accum_steps=2 (smaller micro-batches)"]
+
+
+HAVE_COMPILE = os.path.exists(os.path.join(ROOT, "t5lite", "aot.py"))
+
+
+@pytest.mark.skipif(not HAVE_COMPILE, reason="needs `t5lite compile` (t5lite/aot.py)")
+def test_tpu_train_refuses_a_config_that_does_not_fit():
+    """The real `t5lite compile` for one v5e chip (16 GiB): tiny T5 at batch 32768 needs ~40 GiB
+    of activations; the launcher refuses before any gcloud command and names the fixes."""
+    r = subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm.py"), "train", "x",
+                        "--accelerator-type=v5litepod-1", "--config=configs/t5_1_1_tiny.py",
+                        "--workdir=gs://b/r", "--set", "data.batch_size=32768", "--dry-run"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""  # no gcloud command
+    err = r.stderr.strip().splitlines()[-1]
+    assert "does not fit v5litepod-1" in err and "HBM per chip" in err
+    assert "--set model.remat=full" in err and "--set train.grad_accum_steps=2" in err
+    assert "--skip-fit-check" in err
+
+
+# ----------------------------------------------------------------------------- TPU VM: fake cloud
+
+
+def _script(path, source):
+    path.write_text(f"#!{sys.executable}\n" + source if not source.startswith("#!") else source)
+    path.chmod(0o755)
+
+
+class FakeCloud:
+    """tests/fake_gcloud.py on PATH as `gcloud` (records calls, plays states), fake ssh-agent
+    tools, and fake workers (their homes under nodes/) that run the real launch/tpu_job.sh."""
+
+    def __init__(self, tmp_path, plan=("ok",), qr_plan=None, agent=True):
+        self.dir = tmp_path / "cloud"
+        for d in ("bin", "workerbin", "gcs", "nodes"):
+            (self.dir / d).mkdir(parents=True)
+        here = os.path.dirname(os.path.abspath(__file__))
+        _script(self.dir / "bin" / "gcloud", open(os.path.join(here, "fake_gcloud.py")).read())
+        _script(self.dir / "workerbin" / "python3",
+                open(os.path.join(here, "fake_worker_python.py")).read())
+        _script(self.dir / "bin" / "ssh-keygen", "#!/bin/bash\n"  # a key with a passphrase
+                '[[ "$1" == -l ]] && { echo "256 SHA256:fakefp me (ED25519)"; exit 0; }\nexit 1\n')
+        _script(self.dir / "bin" / "ssh-add", "#!/bin/bash\n"
+                '[[ "$FAKE_AGENT_HAS_KEY" == 1 ]] && { echo "256 SHA256:fakefp me (ED25519)"; '
+                'exit 0; }\necho "The agent has no identities."; exit 1\n')
+        (self.dir / "cloud.json").write_text(json.dumps({
+            "queued": {}, "nodes": {}, "qr_plan": qr_plan, "drop_ssh": 0,
+            "fail_reason": "There is no more capacity in the zone \"us-central2-b\"",
+            "workers": {"v4-8": 1, "v4-16": 2}}))
+        (self.dir / "plan.json").write_text(json.dumps(list(plan)))
+        self.home = tmp_path / "home"
+        (self.home / ".ssh").mkdir(parents=True)
+        for f in ("google_compute_engine", "google_compute_engine.pub"):
+            (self.home / ".ssh" / f).write_text("key\n")
+        self.agent = agent
+
+    def run(self, *argv, timeout=120):
+        env = {**os.environ, "PATH": f"{self.dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               "HOME": str(self.home), "FAKE_CLOUD": str(self.dir),
+               "SSH_AUTH_SOCK": "/tmp/fake-agent.sock", "FAKE_AGENT_HAS_KEY": str(int(self.agent))}
+        r = subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm.py"), *argv],
+                           capture_output=True, text=True, timeout=timeout, env=env)
+        return r
+
+    def calls(self, clear=True):
+        path = self.dir / "calls.jsonl"
+        out = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+        if clear and path.exists():
+            path.unlink()
+        return out
+
+    def state(self, key):
+        return json.loads((self.dir / "cloud.json").read_text())[key]
+
+    def set_state(self, **kw):
+        state = json.loads((self.dir / "cloud.json").read_text())
+        state.update(kw)
+        (self.dir / "cloud.json").write_text(json.dumps(state))
+
+    def jsonl(self, name):
+        path = self.dir / name
+        return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+    def worker(self, node, w):
+        return self.dir / "nodes" / node / f"w{w}"
+
+
+TPUS = ["compute", "tpus"]
+Z = ["--zone=us-central2-b", "--project=proj"]
+
+
+def describe(kind, name):
+    return [*TPUS, kind, "describe", name, *Z, "--format=json"]
+
+
+def ssh_call(name, command, worker="all"):
+    return [*TPUS, "tpu-vm", "ssh", name, f"--worker={worker}", *Z, "--command", command]
+
+
+def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
+    """create (queued, waits through CREATING / WAITING for ACTIVE) -> setup -> train -> logs ->
+    stop-job -> delete, on a 2-worker slice, with every gcloud call asserted."""
+    cloud = FakeCloud(tmp_path, plan=["ok"], qr_plan=[
+        "CREATING", "WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "ACTIVE"])
+    r = cloud.run("create", "pod", *Z, "--accelerator-type=v4-16", "--poll-seconds=0")
+    assert r.returncode == 0, r.stderr
+    qr = describe("queued-resources", "pod")
+    assert cloud.calls() == [qr, [
+        *TPUS, "queued-resources", "create", "pod", "--node-id=pod", "--accelerator-type=v4-16",
+        "--runtime-version=tpu-ubuntu2204-base", *Z]] + [qr] * 4
+    progress = [ln.split(": ")[2].split(" ")[0] for ln in r.stderr.splitlines()
+                if "queued resource pod:" in ln]
+    assert progress == ["CREATING", "WAITING_FOR_RESOURCES", "ACTIVE"]
+    assert "Next: python launch/tpu_vm.py setup pod" in r.stderr
+
+    r = cloud.run("setup", "pod", *Z)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fetch = "rm -rf ~/t5lite && mkdir -p ~/t5lite && tar -xzf ~/t5lite-src.tar.gz -C ~/t5lite"
+    calls = cloud.calls()
+    archive = calls[1][4]  # a file of its own (this run's), removed after the copy
+    assert re.fullmatch(re.escape(os.path.join(tempfile.gettempdir(), "t5lite-src-pod-"))
+                        + r"\w+\.tar\.gz", archive) and not os.path.exists(archive)
+    assert calls == [
+        describe("tpu-vm", "pod"),
+        [*TPUS, "tpu-vm", "scp", archive, "pod:t5lite-src.tar.gz", "--worker=all", *Z],
+        ssh_call("pod", tpu_vm.setup_script(fetch, True))]
+    installs = cloud.jsonl("installs.jsonl")
+    for w in ("0", "1"):  # each worker: uv, a 3.12 venv, t5lite[tpu] into it, data prepare
+        assert [i["argv"][:4] for i in installs if i["worker"] == w] == [
+            ["-m", "pip", "install", "--user"], ["-m", "uv", "venv", "--python"],
+            ["-m", "uv", "pip", "install"], ["-m", "t5lite.cli", "data", "prepare"]]
+        assert (cloud.worker("pod", w) / "t5lite" / "launch" / "tpu_job.sh").exists()
+
+    r = cloud.run("train", "pod", *Z, "--config=configs/tiny_t5.py", "--workdir=gs://bkt/runs/a",
+                  "--set", "train.steps=3", "--skip-fit-check", "--sync-logs-every=1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = cloud.calls()
+    assert calls[0] == describe("tpu-vm", "pod") and len(calls) == 2
+    assert calls[1][:-1] == ssh_call("pod", "")[:-1]
+    assert re.fullmatch(re.escape(
+        "bash ~/t5lite/launch/tpu_job.sh run --job-id JOB --logs-url gs://bkt/runs/a/worker_logs "
+        "--sync-every 1 -- ~/t5lite-venv/bin/python -m t5lite.cli train "
+        "--config=configs/tiny_t5.py --workdir=gs://bkt/runs/a --set mesh.multihost=true "
+        "--set train.steps=3").replace("JOB", JOB_ID), calls[1][-1])
+    assert "t5lite-job: worker 0 exit 0" in r.stdout and "t5lite-job: worker 1 exit 0" in r.stdout
+    assert "training finished on all 2 worker(s)" in r.stderr and "billing" in r.stderr
+    job_id = re.search(JOB_ID, calls[1][-1]).group(0)
+    copies = {c[3] for c in cloud.jsonl("worker_calls.jsonl") if c[:2] == ["storage", "cp"]}
+    assert copies == {f"gs://bkt/runs/a/worker_logs/{job_id}/worker-{w}.log" for w in (0, 1)}
+    for w in (0, 1):  # the logs outlive the VM: copied next to the checkpoints
+        copy = cloud.dir / "gcs" / "bkt" / "runs" / "a" / "worker_logs" / job_id / f"worker-{w}.log"
+        assert "done: reached the last step" in copy.read_text()
+        assert "=== exit 0" in copy.read_text()
+
+    r = cloud.run("logs", "pod", *Z, "--worker=1", "--no-follow", "--lines=2")
+    assert r.returncode == 0 and "=== exit 0" in r.stdout
+    assert cloud.calls() == [describe("tpu-vm", "pod"),
+                             ssh_call("pod", "tail -n 2 ~/t5lite-train.log", worker="1")]
+
+    r = cloud.run("stop-job", "pod", *Z)
+    assert r.returncode == 0 and "worker 1 no job running" in r.stdout
+    assert "still running and billing" in r.stderr
+    assert cloud.calls() == [describe("tpu-vm", "pod"),
+                             ssh_call("pod", "bash ~/t5lite/launch/tpu_job.sh stop --grace 180")]
+
+    r = cloud.run("stop-vm", "pod", *Z)
+    assert r.returncode == 2 and "can only be deleted" in r.stderr
+    cloud.calls()
+    r = cloud.run("delete", "pod", *Z)  # finds out by itself that pod is a queued resource
+    assert r.returncode == 0, r.stderr
+    assert cloud.calls() == [
+        describe("queued-resources", "pod"), describe("tpu-vm", "pod"),
+        ssh_call("pod", "test -f ~/t5lite/launch/tpu_job.sh && bash ~/t5lite/launch/tpu_job.sh "
+                        "stop --grace 180 || true"),
+        [*TPUS, "queued-resources", "delete", "pod", *Z, "--force", "--quiet"]]
+    assert cloud.state("queued") == {} and cloud.state("nodes") == {}
+    assert "billing for it stopped" in r.stderr
+
+    r = cloud.run("logs", "pod", *Z, "--worker=0", "--workdir=gs://bkt/runs/a")
+    assert r.returncode == 0 and "done: reached the last step" in r.stdout  # from the copy
+
+
+@pytest.mark.parametrize("qr_plan,extra,message", [
+    (["CREATING", "FAILED"], [], "is FAILED: There is no more capacity in the zone"),
+    (["WAITING_FOR_RESOURCES"] * 50, ["--wait-timeout=0.3", "--poll-seconds=0.05"],
+     "still WAITING_FOR_RESOURCES after"),
+])
+def test_tpu_queued_create_reports_failure_and_timeout(tmp_path, qr_plan, extra, message):
+    cloud = FakeCloud(tmp_path, qr_plan=qr_plan)
+    r = cloud.run("create", "q", *Z, "--accelerator-type=v4-16", "--poll-seconds=0", *extra)
+    assert r.returncode == 1
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("tpu_vm.py: error:") and message in err
+
+
+def test_tpu_status_and_delete_find_a_plain_vm(tmp_path):
+    cloud = FakeCloud(tmp_path)
+    assert cloud.run("create", "vm", *Z, "--accelerator-type=v4-8").returncode == 0
+    assert cloud.calls() == [describe("tpu-vm", "vm"), [
+        *TPUS, "tpu-vm", "create", "vm", "--accelerator-type=v4-8",
+        "--version=tpu-ubuntu2204-base", *Z]]
+    r = cloud.run("status", "vm", *Z)
+    assert r.returncode == 0 and "state: READY" in r.stdout
+    assert cloud.calls() == [describe("queued-resources", "vm"), describe("tpu-vm", "vm"),
+                             [*TPUS, "tpu-vm", "describe", "vm", *Z]]
+    r = cloud.run("stop-vm", "vm", *Z)  # billing stops, the VM stays
+    assert r.returncode == 0 and "no longer billed" in r.stderr
+    assert cloud.calls()[-1] == [*TPUS, "tpu-vm", "stop", "vm", *Z]
+    r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check")
+    assert r.returncode == 2 and "is STOPPED, not READY: start it" in r.stderr
+    assert cloud.run("start-vm", "vm", *Z).returncode == 0
+    assert cloud.state("nodes")["vm"]["state"] == "READY"
+    nodes = cloud.state("nodes")
+    nodes["vm"]["state"] = "PREEMPTED"
+    cloud.set_state(nodes=nodes)
+    r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check")
+    assert r.returncode == 2 and "is PREEMPTED, not READY" in r.stderr and "supervise" in r.stderr
+    r = cloud.run("logs", "vm", *Z)
+    assert r.returncode == 2 and "--workdir=gs://" in r.stderr
+    cloud.calls()
+    r = cloud.run("delete", "vm", *Z, "--no-stop-job")
+    assert r.returncode == 0
+    assert cloud.calls()[-1] == [*TPUS, "tpu-vm", "delete", "vm", *Z, "--quiet"]
+    r = cloud.run("delete", "vm", *Z)
+    assert r.returncode == 2 and "no TPU VM or queued resource named vm" in r.stderr
+
+
+def test_tpu_pod_needs_the_key_in_ssh_agent(tmp_path):
+    cloud = FakeCloud(tmp_path, agent=False)
+    assert cloud.run("create", "pod", *Z, "--accelerator-type=v4-16", "--no-queued").returncode == 0
+    cloud.calls()
+    r = cloud.run("setup", "pod", *Z)
+    assert r.returncode == 2
+    assert 'eval "$(ssh-agent -s)" && ssh-add' in r.stderr and "2 workers" in r.stderr
+    assert cloud.calls() == [describe("tpu-vm", "pod")]  # no ssh attempted
+
+
+def test_tpu_train_is_idempotent(tmp_path):
+    """A second `train` attaches to the running job, another command is refused, the live log
+    and pid file stay; a stale libtpu lockfile is removed before a start; stop-job saves."""
+    cloud = FakeCloud(tmp_path, plan=["slow"])
+    assert cloud.run("create", "vm", *Z, "--accelerator-type=v4-8").returncode == 0
+    assert cloud.run("setup", "vm", *Z, "--no-prepare-data").returncode == 0
+    home = cloud.worker("vm", 0)
+    (home / "libtpu_lockfile").write_text("")
+    args = ["train", "vm", *Z, "--config=configs/tiny_t5.py", "--workdir=gs://b/r",
+            "--skip-fit-check", "--detach"]
+    r = cloud.run(*args)
+    assert r.returncode == 0 and "started job" in r.stdout, r.stdout + r.stderr
+    assert "removing stale" in r.stdout and not (home / "libtpu_lockfile").exists()
+    pid = (home / "t5lite-job" / "pid").read_text()
+    r = cloud.run("setup", "vm", *Z, "--no-prepare-data")  # never under a running job
+    assert r.returncode == 1 and "a job is running on this worker" in r.stdout
+    r = cloud.run(*args)
+    assert r.returncode == 0 and "attached to the running job" in r.stdout
+    r = cloud.run(*args[:-1], "--set", "train.steps=5")
+    assert r.returncode == 3 and "refused: another job is running" in r.stdout
+    assert "stop-job" in r.stderr
+    assert (home / "t5lite-job" / "pid").read_text() == pid
+    assert len(cloud.jsonl("starts.jsonl")) == 1
+    log = (home / "t5lite-train.log").read_text()
+    assert log.count("=== t5lite job") == 1 and "step 1 " in log
+    r = cloud.run("stop-job", "vm", *Z, "--grace=20")
+    assert "worker 0 stopped (exit 75)" in r.stdout, r.stdout + r.stderr
+    log = (home / "t5lite-train.log").read_text()
+    assert log.startswith("=== t5lite job") and "checkpoint saved" in log
+    # a job whose pid file was lost is stale: ended before the next start, not run beside it
+    assert cloud.run(*args).returncode == 0
+    old = int((home / "t5lite-job" / "pid").read_text())
+    (home / "t5lite-job" / "pid").unlink()
+    r = cloud.run(*args)
+    assert f"ending stale process {old}:" in r.stdout and "started job" in r.stdout, r.stdout
+    assert not _running(old)
+    assert "worker 0 stopped (exit 75)" in cloud.run("stop-job", "vm", *Z).stdout
+
+
+def _running(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().split(") ")[1][0] not in "ZX"
+    except OSError:
+        return False
+
+
+def test_tpu_train_survives_an_ssh_drop(tmp_path):
+    """gcloud re-runs the command after the connection drops: the job is not started twice."""
+    cloud = FakeCloud(tmp_path, plan=["long"])
+    assert cloud.run("create", "vm", *Z, "--accelerator-type=v4-8").returncode == 0
+    assert cloud.run("setup", "vm", *Z, "--no-prepare-data").returncode == 0
+    cloud.set_state(drop_ssh=1)
+    r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "closed by remote host" in r.stdout and "attached to the running job" in r.stdout
+    assert len(cloud.jsonl("starts.jsonl")) == 1
+    log = (cloud.worker("vm", 0) / "t5lite-train.log").read_text()
+    assert log.count("=== t5lite job") == 1 and "=== exit 0" in log
+
+
+def test_tpu_supervise_restarts_after_preemption_and_a_lost_slice(tmp_path):
+    """exit 75 -> the same command again; the slice preempted under the job -> the queued
+    resource is deleted, created again, set up again; exit 0 -> done."""
+    cloud = FakeCloud(tmp_path, plan=["preempt", "lost", "ok"],
+                      qr_plan=["WAITING_FOR_RESOURCES", "ACTIVE"])
+    r = cloud.run("supervise", "pod", *Z, "--accelerator-type=v4-16", "--spot",
+                  "--config=configs/tiny_t5.py", "--workdir=gs://b/r", "--skip-fit-check",
+                  "--no-prepare-data", "--backoff=0", "--poll-seconds=0", "--wait-timeout=60",
+                  timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    actions = [c[2:4] if c[0] == "compute" else c[:2] for c in cloud.calls()
+               if "describe" not in c]
+    run = ["tpu-vm", "ssh"]
+    assert actions == [["queued-resources", "create"], ["tpu-vm", "scp"], run, run,  # setup, train
+                       run, run,  # setup check, train (slice lost)
+                       ["queued-resources", "delete"], ["queued-resources", "create"],
+                       ["tpu-vm", "scp"], run, run], (actions, r.stdout, r.stderr)
+    notes = [ln for ln in r.stderr.splitlines() if "supervise:" in ln]
+    assert "preempted (exit 75, checkpoint saved); restart 1/20" in notes[0]
+    assert "the queued resource is SUSPENDED" in notes[1] and "restart 2/20" in notes[1]
+    assert "deleting it to create it again" in notes[2]
+    assert "reached its last step" in notes[3] and len(notes) == 4
+    starts = cloud.jsonl("starts.jsonl")
+    assert sorted(s["worker"] for s in starts) == ["0", "0", "0", "1", "1", "1"]
+    assert len({tuple(s["argv"]) for s in starts}) == 1  # the same command every time
+
+
+@pytest.mark.parametrize("plan,extra,rc,message,runs", [
+    (["fail"], [], 1, "worker 0 exited 1: a real failure, not restarting", 1),
+    (["preempt"], ["--max-restarts=1"], 75, "giving up after 1 restarts", 2),
+])
+def test_tpu_supervise_stops_on_failure_and_gives_up(tmp_path, plan, extra, rc, message, runs):
+    cloud = FakeCloud(tmp_path, plan=plan)
+    r = cloud.run("supervise", "vm", *Z, "--accelerator-type=v4-8", "--config=c.py",
+                  "--workdir=gs://b/r", "--skip-fit-check", "--no-prepare-data", "--backoff=0",
+                  *extra)
+    assert r.returncode == rc, r.stdout + r.stderr
+    assert message in r.stderr
+    assert len(cloud.jsonl("starts.jsonl")) == runs
 
 
 # ----------------------------------------------------------------------------- SLURM, multinode
@@ -208,10 +590,13 @@ def _fake_python(tmp_path):
 
 
 def test_slurm_srun_runs_every_task_with_its_process_id(tmp_path):
+    """... and passes sbatch's --cpus-per-task on to srun (not inherited since Slurm 22.05)."""
     srun = tmp_path / "srun"  # like srun on the nodes: one task per SLURM_PROCID, in order
     srun.write_text(textwrap.dedent("""\
         #!/bin/bash
         [[ "$1" == --kill-on-bad-exit=1 ]] || { echo "missing --kill-on-bad-exit" >&2; exit 9; }
+        shift
+        [[ "$1" == --cpus-per-task=6 ]] || { echo "missing --cpus-per-task" >&2; exit 9; }
         shift
         for ((i = 0; i < SLURM_NTASKS; i++)); do SLURM_PROCID=$i "$@" || exit $?; done
         """))
@@ -221,7 +606,7 @@ def test_slurm_srun_runs_every_task_with_its_process_id(tmp_path):
         capture_output=True, text=True,
         env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n[1-2]",
              "SLURM_JOB_ID": "10", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2",
-             "T5LITE_PYTHON": _fake_python(tmp_path)})
+             "SLURM_CPUS_PER_TASK": "6", "T5LITE_PYTHON": _fake_python(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         f"{i}|-m t5lite.cli train --config configs/tiny_t5.py --workdir /shared/run a "
