@@ -120,6 +120,10 @@ class DataConfig:
     # by eval / infer, from the saved config): "my_tasks" (importable from the current
     # directory) or a path "path/to/my_tasks.py"
     task_modules: tuple = ()
+    # training data is read as this many seqio shards (tasks/pipeline.py ShardedBatches), so a
+    # run can resume on any process count that divides it or that it divides; 0 = the process
+    # count of the run that started the workdir. Set it to the largest slice you may grow to.
+    num_shards: int = 0
 
 
 @dataclasses.dataclass
@@ -440,7 +444,7 @@ RANGES = {
     "model.peft.lora_rank": (0, None), "model.peft.prompt_tokens": (0, None),
     "model.peft.prefix_tokens": (0, None), "model.peft.adapter_dim": (0, None),
     "model.peft.unfreeze_every": (0, None), "model.peft.unfreeze_layers": (1, None),
-    "data.batch_size": (1, None), "data.seed": (0, None),
+    "data.batch_size": (1, None), "data.seed": (0, None), "data.num_shards": (0, None),
     "optim.learning_rate": (0.0, None), "optim.warmup_steps": (0, None),
     "optim.weight_decay": (0.0, None), "optim.b1": (0.0, 1.0), "optim.b2": (0.0, 1.0),
     "optim.eps": (0.0, None), "optim.clip_grad_norm": (0.0, None),
