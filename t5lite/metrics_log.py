@@ -107,7 +107,7 @@ class MetricsLogger:
         path = epath.Path(self.path)
         if not path.exists():
             return
-        text = path.read_text(errors="replace")
+        text = path.read_bytes().decode("utf-8", errors="replace")
         kept, damaged = [], []
         for line in text.splitlines():
             if not line.strip():
