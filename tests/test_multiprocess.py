@@ -1,5 +1,6 @@
 """Multi-host training without hosts: 2 JAX processes x 4 CPU devices on 127.0.0.1 (through
-launch/local_multiprocess.py) train exactly like 1 process x 8 devices, and resume exactly.
+launch/local_multiprocess.py) train exactly like 1 process x 8 devices, and resume exactly,
+also on another number of processes.
 
 Each process reads its own shard of the data (seqio ShardInfo), feeds it to
 make_array_from_process_local_data, and only process 0 writes metrics; checkpoints are written
@@ -68,7 +69,8 @@ def _env(data_dir, devices):
 
 
 def _train_args(workdir, steps):
-    args = ["train", "--config", "configs/t5_1_1_tiny.py", "--workdir", str(workdir)]
+    args = ["train", "--config", "configs/t5_1_1_tiny.py", "--workdir", str(workdir),
+            "--allow-config-change"]  # the resumed runs train on to more steps
     for item in OVERRIDES + [f"train.steps={steps}"]:
         args += ["--set", item]
     return args
@@ -114,10 +116,14 @@ def test_two_processes_match_one_and_resume(data_dir, tmp_path):
     assert sorted(first) == [1, 2, 3, 4]
     assert sorted(os.listdir(two / "checkpoints")) == ["2", "4"]
     assert sorted(os.listdir(two / "data_state" / "4")) == sorted(
-        f"process_{i}.{ext}" for i in (0, 1) for ext in ("index", "data-00000-of-00001"))
+        f"shard_{i}_of_2.{ext}" for i in (0, 1) for ext in ("index", "data-00000-of-00001"))
 
-    out = train_two_processes(data_dir, two, steps=6)  # a second invocation continues at 4
+    # resume on another process count (1, then 2 again): the data goes on from the same
+    # global position (the 2 data shards, read by one process, then by two)
+    out = train_one_process(data_dir, two, steps=5)
     assert "resumed from" in out and "checkpoints/4" in out
+    out = train_two_processes(data_dir, two, steps=6)  # a third invocation continues at 5
+    assert "resumed from" in out and "checkpoints/5" in out
     resumed = train_losses(two)
     assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
     assert resumed[5] != resumed[4]  # it trained on

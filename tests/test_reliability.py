@@ -470,3 +470,50 @@ def test_disk_full_says_so_and_the_last_checkpoint_is_intact(trained, small_disk
     assert code == 0, out[-3000:]
     assert not [d for d in os.listdir(wd / "checkpoints") if "tmp" in d]
     assert sorted(os.listdir(wd / "checkpoints"), key=int)[-1] == "8"
+
+
+# ---------------------------------------------------------------------------- item 6
+
+
+def _global_batches(make, num_shards, processes, n, restore=None, save=None, save_after=0):
+    """n global batches as `processes` processes would read them (rows in process order);
+    the iterator states go to `save` after `save_after` batches."""
+    from t5lite.tasks import pipeline
+    its = [pipeline.ShardedBatches(make, num_shards, 8, p, processes) for p in range(processes)]
+    for it in its:
+        if restore:
+            it.restore_state(restore)
+    out = []
+    for i in range(n):
+        if save and i == save_after:
+            for it in its:
+                it.save_state(save)
+        parts = [next(it) for it in its]
+        out.append({k: np.concatenate([np.asarray(x[k]) for x in parts]) for k in parts[0]})
+    return out
+
+
+def test_data_position_survives_another_process_count(data_dir, tmp_path):
+    """Read 3 global batches on 2 processes, save, continue on 1 or on 4 processes (4 > the 2
+    shards: two processes split each shard's rows): the next global batches are those the
+    uninterrupted run reads, so nothing is repeated or skipped and the data does not depend
+    on the process count."""
+    from t5lite.errors import UserError
+    from t5lite.tasks import pipeline
+
+    def make(shard_info, batch_size):  # packed span corruption: packing state is resumed too
+        return pipeline.get_dataset("corpus_span_corruption", {"inputs": 32, "targets": 8},
+                                    "encoder_decoder", batch_size, shuffle=True, seed=1,
+                                    shard_info=shard_info)
+
+    state = str(tmp_path / "state")
+    ref = _global_batches(make, 2, 2, 5, save=state, save_after=3)
+    assert pipeline.saved_num_shards(str(tmp_path)) is None
+    for after in (1, 4):
+        rest = _global_batches(make, 2, after, 2, restore=state)
+        for got, want in zip(rest, ref[3:]):
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=f"2 -> {after}: {k}")
+    assert not np.array_equal(ref[3]["encoder_input_tokens"], ref[4]["encoder_input_tokens"])
+    with pytest.raises(UserError, match="2 shards, which 3 processes cannot split evenly"):
+        pipeline.ShardedBatches(make, 2, 12, 0, 3)

@@ -196,21 +196,31 @@ class ShardedBatches:
         """Raises (FileNotFoundError, tf errors) when the state is missing or damaged."""
         for j, it in zip(self.shards, self.iterators):
             prefix = self._prefix(directory, j)
+            legacy = os.path.join(directory, f"process_{j}")  # before shards: one per process
+            if not tf.io.gfile.exists(prefix + ".index") and tf.io.gfile.exists(
+                    legacy + ".index"):
+                prefix = legacy
             if not tf.io.gfile.exists(prefix + ".index"):
                 raise FileNotFoundError(f"no data iterator state {prefix}.index")
             tf.train.Checkpoint(iterator=it).read(prefix).assert_consumed()
 
 
 def saved_num_shards(data_state_dir: str):
-    """The shard count of the newest data_state/<step>/ that has shard files, else None."""
+    """The shard count of the newest data_state/<step>/ that has shard files (or, from before
+    shards, process_<i> files: one shard per process), else None."""
     import re
     if not tf.io.gfile.isdir(data_state_dir):
         return None
     steps = sorted((int(d.rstrip("/")) for d in tf.io.gfile.listdir(data_state_dir)
                     if d.rstrip("/").isdigit()), reverse=True)
     for step in steps:
-        for name in tf.io.gfile.listdir(os.path.join(data_state_dir, str(step))):
+        names = tf.io.gfile.listdir(os.path.join(data_state_dir, str(step)))
+        for name in names:
             m = re.fullmatch(r"shard_\d+_of_(\d+)\.index", name)
             if m:
                 return int(m.group(1))
+        # workdirs written before shards: process_<i> = shard i of the process count
+        legacy = [n for n in names if re.fullmatch(r"process_\d+\.index", n)]
+        if legacy:
+            return len(legacy)
     return None
