@@ -484,7 +484,7 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
         if preemption is not None and preemption.reached(step):
             if pending is not None:
                 flush(*pending)
-            if last_ckpt != step:
+            if last_ckpt != step or ckpt.latest_step() is None:  # (a fresh run at step 0)
                 ckpt.save(step, state, data_iter if tf_iter else None)
                 peft.save_with_checkpoint(cfg, ckpt.workdir, step, state.params)
             ckpt.wait()  # committed on every host before the exit code says "saved"
