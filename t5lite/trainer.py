@@ -321,8 +321,6 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
     from t5lite.models import build_model
     if train_iter is None:
         _prepare_tasks(cfg)
-    if rewrite:
-        write_config(cfg, workdir)
 
     model = build_model(cfg.model)
     # PEFT / freezing (cfg.model.peft) or an explicit trainable_mask: frozen params get no
@@ -338,6 +336,8 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
         state, start = ckpt.restore_latest(abstract, data_iter if tf_iter else None)
         if ckpt.data_iter_dirty and train_iter is None:  # a failed data restore, then step 0
             data_iter = make_iter()
+        if rewrite:  # only now: the checkpoints it describes have been read with it
+            write_config(cfg, workdir)
         logger = metrics_log.MetricsLogger(workdir, cfg.train.steps, start_step=start)
         try:
             return _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,

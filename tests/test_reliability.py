@@ -160,6 +160,18 @@ def test_refusals_leave_the_workdir_unchanged(case, wd, capsys):
     assert not os.path.exists(wd / ".lock")
 
 
+def test_shape_mismatch_behind_the_guard_is_not_corruption(wd, capsys):
+    """config.json deleted, then another shape: the checkpoints' own shapes stop the run;
+    nothing is moved to corrupt_checkpoints and no config.json is written for them."""
+    os.remove(wd / "config.json")
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd, "--set", "model.d_ff=96"))
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out, out[-3000:]
+    assert re.search(r"checkpoint step 4 .* other shapes or dtypes .* \[1, 32, 64\] float32.*"
+                     r"\[1, 32, 96\] float32.*checkpoint\.init_from", lines[0]), lines
+    assert snapshot(wd) == before and not os.path.exists(wd / "corrupt_checkpoints")
+
+
 def test_config_file_with_an_error_names_file_and_line(wd, tmp_path, capsys):
     bad = tmp_path / "bad_config.py"
     bad.write_text("from t5lite.config import Config\n\n\ndef get_config():\n"
