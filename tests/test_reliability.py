@@ -357,36 +357,46 @@ def test_convert_import_of_a_malformed_model_dir(tmp_path, capsys):
 # ---------------------------------------------------------------------------- item 3: SIGTERM
 
 
-def test_sigterm_saves_at_the_next_step_and_exits_75(wd, data_dir):
-    """SIGTERM mid-run: a checkpoint at the next step boundary, exit 75 and the agreed line;
-    the same command then resumes there."""
-    cmd = [sys.executable, "-m", "t5lite.cli", *train_args(wd, "--allow-config-change",
-                                                            steps=100)]
-    env = _env(data_dir)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not any(r["step"] >= 6 for r in metrics_rows(wd)):
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.02)
-    before = snapshot(wd)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 75, err[-3000:]
-    last = [line for line in err.splitlines() if line.startswith("t5lite:")]
-    assert len(last) == 1, err[-3000:]
-    step = int(last[0].split("preempted at step ")[1].split(":")[0])
-    assert last[0] == (f"t5lite: preempted at step {step}: checkpoint saved; rerun the same "
-                       "command to resume")
-    assert 6 <= step < 100 and str(step) in os.listdir(wd / "checkpoints")
+def test_sigterm_saves_at_the_next_step_and_exits_75(wd, capsys):
+    """SIGTERM mid-run (a real signal to this process, from a watcher thread): a checkpoint
+    at the next step boundary, exit 75 and the agreed line; the same command then resumes."""
+    import threading
+    args = train_args(wd, "--allow-config-change", steps=60)
+    seen = {}
+
+    def watch():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if os.path.exists(wd / "metrics.jsonl") and any(
+                    r["step"] >= 6 for r in metrics_rows(wd)):
+                seen["before"] = snapshot(wd)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.01)
+
+    # outside train() (which installs its own handler) a stray SIGTERM must not kill pytest
+    old = signal.signal(signal.SIGTERM, lambda *a: None)
+    try:
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        code, lines, out = run_cli(capsys, args)
+        watcher.join()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert code == 75 and len(lines) == 1, out[-3000:]
+    step = int(lines[0].split("preempted at step ")[1].split(":")[0])
+    assert lines[0] == (f"t5lite: preempted at step {step}: checkpoint saved; rerun the same "
+                        "command to resume")
+    assert 6 <= step < 60 and str(step) in os.listdir(wd / "checkpoints")
     assert not [d for d in os.listdir(wd / "checkpoints") if "tmp" in d]
     assert os.path.isdir(wd / "data_state" / str(step))
     assert max(r["step"] for r in metrics_rows(wd)) == step
-    assert_kept({k: v for k, v in before.items() if k != "metrics.jsonl"}, wd)
+    assert_kept({k: v for k, v in seen["before"].items() if k != "metrics.jsonl"}, wd)
     assert not os.path.exists(wd / ".lock")
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from {wd}/checkpoints/{step}" in r.stdout + r.stderr
+    code, lines, out = run_cli(capsys, args)
+    assert code == 0, out[-3000:]
+    assert f"resumed from {wd}/checkpoints/{step}" in out
+    assert [r["step"] for r in metrics_rows(wd) if r["split"] == "train"] == list(range(1, 61))
 
 
 # ---------------------------------------------------------------------------- file modes
