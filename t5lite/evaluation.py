@@ -379,7 +379,8 @@ def _read_lines(path: str) -> list[str]:
     """Non-empty lines of a UTF-8 text file (or stdin); binary or non-UTF-8 input is a
     UserError naming the first bad line."""
     if path == "-":
-        data = sys.stdin.buffer.read()
+        stdin = getattr(sys.stdin, "buffer", None)  # a text stream (tests) has none
+        data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
     else:
         if not os.path.exists(path):
             raise UserError(f"--input {path} does not exist.")
