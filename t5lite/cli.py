@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from t5lite.errors import UserError
+from t5lite.errors import Preempted, UserError
 
 
 def _quiet_env():
@@ -57,7 +57,7 @@ def _config(args):
 def cmd_train(args):
     from t5lite import trainer
     cfg = _config(args)
-    trainer.train(cfg, args.workdir)
+    trainer.train(cfg, args.workdir, allow_config_change=args.allow_config_change)
 
 
 def cmd_quickstart(args):
@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("train", help="pretrain or finetune from a config")
     add_config(sp)
     sp.add_argument("--workdir", required=True, help="checkpoints, logs (local path or gs://)")
+    sp.add_argument("--allow-config-change", action="store_true",
+                    help="continue a workdir whose config.json differs in safe keys only "
+                    "(train.steps, optim.min_lr_ratio, log / eval / checkpoint cadence, eval.*, "
+                    "decode.*); the old config is kept as config.<n>.json")
     sp.set_defaults(fn=cmd_train)
 
     sp = sub.add_parser("quickstart",
@@ -225,6 +229,10 @@ def main(argv=None) -> int:
         print(f"t5lite: error: {e}", file=sys.stderr)
         _exit_now_if_distributed(2)
         return 2
+    except Preempted as e:  # checkpoint saved: a supervisor reruns the same command
+        print(f"t5lite: {e}", file=sys.stderr)
+        _exit_now_if_distributed(e.EXIT_CODE)
+        return e.EXIT_CODE
     except BaseException:
         if _distributed():
             import traceback

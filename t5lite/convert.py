@@ -63,9 +63,7 @@ def read_hf_dir(hf_dir: str) -> tuple[dict, dict]:
     if not os.path.isfile(cfg_path):
         raise UserError(f"{hf_dir} has no config.json; it must be a Hugging Face model dir "
                         "written by save_pretrained (config.json + model.safetensors).")
-    with open(cfg_path) as f:
-        hf_cfg = json.load(f)
-    return hf_cfg, _read_tensors(hf_dir)
+    return read_hf_config(hf_dir), _read_tensors(hf_dir)
 
 
 def _read_tensors(hf_dir: str) -> dict:
@@ -73,8 +71,12 @@ def _read_tensors(hf_dir: str) -> dict:
     for index, fmt in (("model.safetensors.index.json", "safetensors"),
                        ("pytorch_model.bin.index.json", "torch")):
         if index in files:  # sharded checkpoint
-            with open(os.path.join(hf_dir, index)) as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
+            try:
+                with open(os.path.join(hf_dir, index)) as f:
+                    shards = sorted(set(json.load(f)["weight_map"].values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise UserError(f"{os.path.join(hf_dir, index)} is malformed ({type(e).__name__}:"
+                                f" {e}); it must be JSON with a weight_map") from None
             out = {}
             for shard in shards:
                 out.update(_read_file(os.path.join(hf_dir, shard), fmt))
@@ -89,6 +91,21 @@ def _read_tensors(hf_dir: str) -> dict:
 
 
 def _read_file(path: str, fmt: str) -> dict:
+    if not os.path.isfile(path):
+        raise UserError(f"weights file {path} is missing; re-save the model with "
+                        "save_pretrained")
+    try:
+        return _read_weights(path, fmt)
+    except (UserError, ImportError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - truncated, garbage, wrong format ...
+        first = (str(e).splitlines() or [""])[0][:160]
+        raise UserError(f"{path} is not a readable {fmt} weights file ({type(e).__name__}: "
+                        f"{first}); re-download it or re-save the model with "
+                        "save_pretrained") from None
+
+
+def _read_weights(path: str, fmt: str) -> dict:
     if fmt == "torch":
         try:
             import torch
@@ -518,7 +535,12 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     hf_cfg, tensors = read_hf_dir(hf_dir)
     family = SUPPORTED[_architecture(hf_cfg)]
     tensors = _normalize_names(family, tensors)
-    cfg = config_from_hf(hf_cfg, tensors, scan_layers)
+    try:
+        cfg = config_from_hf(hf_cfg, tensors, scan_layers)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{hf_dir}/config.json is malformed for {family} ({type(e).__name__}: "
+                        f"{e}); it must be the config.json save_pretrained wrote with these "
+                        "weights") from None
     m = cfg.model
     if family == "t5" and not m.tie_embeddings:
         if "lm_head.weight" not in tensors:  # unscaled head saved as tied (transformers 5.x)
@@ -666,8 +688,17 @@ def import_hf_command(src: str, dst: str) -> None:
 
 
 def read_hf_config(hf_dir: str) -> dict:
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        return json.load(f)
+    path = os.path.join(hf_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            hf_cfg = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise UserError(f"{path} is not valid JSON ({e}); it must be the config.json that "
+                        "save_pretrained wrote") from None
+    if not isinstance(hf_cfg, dict):
+        raise UserError(f"{path} holds a JSON {type(hf_cfg).__name__}, not an object; it must "
+                        "be the config.json that save_pretrained wrote")
+    return hf_cfg
 
 
 def export_hf_command(src: str, dst: str) -> None:

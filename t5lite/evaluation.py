@@ -376,17 +376,46 @@ def _vocabulary(cfg):
 
 
 def _read_lines(path: str) -> list[str]:
+    """Non-empty lines of a UTF-8 text file (or stdin); binary or non-UTF-8 input is a
+    UserError naming the first bad line."""
     if path == "-":
-        lines = sys.stdin.read().splitlines()
+        stdin = getattr(sys.stdin, "buffer", None)  # a text stream (tests) has none
+        data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
     else:
         if not os.path.exists(path):
             raise UserError(f"--input {path} does not exist.")
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        if os.path.isdir(path):
+            raise UserError(f"--input {path} is a directory; give a text file, one input per "
+                            "line")
+        with open(path, "rb") as f:
+            data = f.read()
+    raw = data.split(b"\n")
+    for i, line in enumerate(raw, 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"--input {path} line {i} is not UTF-8 text (byte "
+                            f"{line[e.start]:#04x} at column {e.start + 1}); give a UTF-8 "
+                            "text file, one input per line") from None
+        if "\x00" in text:
+            raise UserError(f"--input {path} line {i} contains NUL bytes: it looks like a "
+                            "binary file; give a UTF-8 text file, one input per line")
+    lines = data.decode("utf-8").splitlines()
     lines = [x for x in lines if x.strip()]
     if not lines:
         raise UserError(f"--input {path} has no non-empty lines.")
     return lines
+
+
+def _check_output(path: str) -> None:
+    if path == "-":
+        return
+    if os.path.isdir(path):
+        raise UserError(f"--output {path} is a directory; give a file path for the JSONL "
+                        f"predictions (e.g. {os.path.join(path, 'predictions.jsonl')})")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise UserError(f"--output {path}: {parent} is a file, not a directory")
 
 
 def _check_prefix(cfg, lines: Sequence[str], prefix: str, mode: str) -> None:
@@ -419,10 +448,11 @@ def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
     --options candidate with the highest log-likelihood (rank classification, T5 paper).
     """
     import t5lite.tasks  # noqa: F401
+    _check_output(output_path)  # before loading and decoding: a mistake costs nothing
+    lines = _read_lines(input_path)
     cfg, model, params = load(checkpoint, overrides)
     in_vocab, out_vocab, add_eos = _vocabulary(cfg)
     eos = int(out_vocab.eos_id)
-    lines = _read_lines(input_path)
     _check_prefix(cfg, lines, prefix, mode)
     predictor = Predictor(cfg, model, params, eos)
 

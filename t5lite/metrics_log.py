@@ -100,13 +100,34 @@ class MetricsLogger:
         self.step = start_step
 
     def _truncate_after(self, step: int) -> None:
+        """Drop records after `step` (the restored checkpoint) and repair a torn line (power
+        loss, full disk): unparseable lines move to metrics.jsonl.damaged, never vanish. The
+        rewrite is atomic, so a crash here cannot lose the file."""
+        from t5lite.checkpointing import write_atomic
         path = epath.Path(self.path)
         if not path.exists():
             return
-        rows = [line + "\n" for line in path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
-        if len(kept) != len(rows):
-            path.write_text("".join(kept))
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        kept, damaged = [], []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                row_step = row.get("step", 0) if isinstance(row, dict) else None
+            except ValueError:
+                row_step = None
+            if row_step is None:
+                damaged.append(line + "\n")
+            elif row_step <= step:
+                kept.append(line + "\n")
+        if damaged:
+            with epath.Path(self.path + ".damaged").open("a") as f:
+                f.write("".join(damaged))
+            print(f"t5lite: warning: {self.path}: {len(damaged)} unreadable line(s) (a torn "
+                  f"write?) moved to {self.path}.damaged", flush=True)
+        if "".join(kept) != text:
+            write_atomic(path, "".join(kept))
 
     def write(self, step: int, metrics: dict, prefix: str = "train") -> None:
         if not self.enabled:
