@@ -162,7 +162,7 @@ OBJECTIVES = {
     "iid_denoising": ([objectives.iid_denoising], "encdec",
                       "i.i.d. 15% noise, each corrupted span -> one sentinel (paper baseline)"),
     "bert_denoising": ([objectives.bert_style_denoising], "encdec",
-                       "BERT-style: 15% of tokens, 80% mask / 10% random / 10% kept; "
+                       "BERT-style (the paper's): 15% of tokens, 90% mask / 10% random; "
                        "target = original text"),
     "mass_denoising": ([objectives.mass_style_denoising], "encdec",
                        "MASS-style: 15% of tokens -> mask; target = original text"),
@@ -171,6 +171,9 @@ OBJECTIVES = {
     "deshuffling": ([objectives.deshuffling], "encdec", "shuffled tokens -> original order"),
     "prefix_lm": ([objectives.prefix_lm], "prefix", "random split: prefix -> continuation"),
     "lm": ([objectives.full_lm], "lm", "decoder language modelling"),
+    "iid_denoising_lm": ([objectives.iid_denoising_lm], "lm",
+                         "i.i.d. 15% denoising as one sequence (inputs EOS targets) for a "
+                         "decoder-only LM, loss on all of it"),
     "mlm": ([functools.partial(objectives.bert_pairs, nsp=True), objectives.bert_mlm],
             "bert_nsp", "BERT: MLM (15%, 80/10/10) + next sentence prediction"),
     "mlm_only": ([objectives.bert_single, objectives.bert_mlm], "bert",
