@@ -185,6 +185,7 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
                               vocabulary: Union[str, seqio.Vocabulary] = DEFAULT_VOCAB,
                               max_tokens: Optional[int] = None,
                               source: Optional[seqio.DataSource] = None,
+                              from_lines: bool = True,
                               **objective_kwargs) -> seqio.Task:
     """A corpus task with one objective; ``objective_kwargs`` set its parameters (e.g.
     noise_density=0.5, mean_noise_span_length=10, inputs_fn=...: any row of the paper's
@@ -201,8 +202,10 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
                 "lm": lambda: text_features(vocab, inputs=False),
                 "bert": lambda: bert_features(vocab),
                 "bert_nsp": lambda: bert_features(vocab, nsp=True)}[layout]()
-    pre = [line_to_text, functools.partial(seqio.preprocessors.rekey, key_map={key: "text"}),
-           seqio.preprocessors.tokenize]
+    # from_lines=False: the source already gives {"text": ...} (e.g. TFDS c4/en)
+    pre = ([line_to_text] if from_lines else []) + [
+        functools.partial(seqio.preprocessors.rekey, key_map={key: "text"}),
+        seqio.preprocessors.tokenize]
     if max_tokens:
         pre.append(functools.partial(objectives.limit_tokens, max_tokens=max_tokens, key=key))
     pre += list(steps)
