@@ -119,7 +119,8 @@ def cmd_ablate(args):
         return [n for v in values or () for n in v.split(",") if n]
 
     ablations.run(args.table, args.workdir, rows=names(args.rows), tasks=names(args.tasks),
-                  scale=args.scale, overrides=args.set or [], dry_run=args.dry_run)
+                  scale=args.scale, overrides=args.set or [], dry_run=args.dry_run,
+                  seeds=args.seeds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tasks", nargs="+", help="downstream tasks, space- or comma-separated "
                     "(default: the table's)")
     sp.add_argument("--scale", default="tiny",
-                    help="tiny (CPU, default) or paper (T5 base, 2^18 steps)")
+                    help="tiny (CPU smoke test, default), small (CPU study, ~1 h per table) "
+                    "or paper (T5 base, C4 + the paper's benchmarks, 2^19 + 2^18 steps)")
+    sp.add_argument("--seeds", type=int, default=1,
+                    help="run each row N times (seeds 0..N-1); the table shows mean ± std")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override for every row and stage (repeatable); "
                     "pretrain.KEY=V / finetune.KEY=V: one stage only")
