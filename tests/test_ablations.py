@@ -274,7 +274,7 @@ def test_paper_scale_steps_vocabulary_lengths_and_split(capsys):
     assert vocab._rel_path == "vocab/t5_spiece.model" and vocab.extra_ids == 100  # noqa: SLF001
     assert pre.cfg.model.vocab_size == 32128
     assert isinstance(task.source, seqio.TfdsDataSource) and task.source.tfds_dataset.name == (
-        "c4/en:3.0.1")
+        "c4/en:3.1.0")
     for ft in (glue, squad):
         assert ft.cfg.data.feature_lengths == {"inputs": 512, "targets": 512}
         assert ft.cfg.data.pack and ft.cfg.data.batch_size == 128

@@ -57,25 +57,27 @@ def paper_multitask_members() -> list[str]:
                "paper_wmt_enro"])
 
 
-def _register_paper() -> None:
+def register_paper(vocabulary="t5") -> None:
     """--scale paper: C4 (TFDS c4/en, t5 vocabulary) with every objective of the tables, the
     paper's benchmarks (formats.register_paper_tasks) and Table 11's mixtures of both with the
-    paper's own K (no K_SCALE). Nothing is read until a dataset is built."""
+    paper's own K (no K_SCALE). Nothing is read until a dataset is built; the TFDS data dir is
+    $TFDS_DATA_DIR (or ~/tensorflow_datasets)."""
     import seqio
     from t5lite.tasks import formats
     c4 = lambda: seqio.TfdsDataSource(formats.TFDS["c4"], splits=["train", "validation"])
     for objective in C4_OBJECTIVES:
-        registry.register_pretraining_task(f"c4_{objective}", objective, vocabulary="t5",
+        registry.register_pretraining_task(f"c4_{objective}", objective, vocabulary=vocabulary,
                                            source=c4(), from_lines=False)
     for rate in IID_RATES:
         registry.register_pretraining_task(f"c4_iid_denoising_rate{rate}", "iid_denoising",
-                                           vocabulary="t5", source=c4(), from_lines=False,
-                                           noise_density=rate / 100)
+                                           vocabulary=vocabulary, source=c4(),
+                                           from_lines=False, noise_density=rate / 100)
     for length in SPAN_LENGTHS:
         registry.register_pretraining_task(f"c4_span_corruption_len{length}", "span_corruption",
-                                           vocabulary="t5", source=c4(), from_lines=False,
+                                           vocabulary=vocabulary, source=c4(),
+                                           from_lines=False,
                                            mean_noise_span_length=float(length))
-    formats.register_paper_tasks("t5")
+    formats.register_paper_tasks(vocabulary)
     tasks = paper_multitask_members()
     for k in MULTITASK_K:
         registry.register_mixture(f"paper_multitask_k{k}", tasks, "proportional", cap=2 ** k)
@@ -100,4 +102,4 @@ def register() -> None:
         registry.register_mixture(f"multitask_temperature{t}", tasks, "temperature",
                                   cap=scaled_k(21), temperature=float(t))
     registry.register_mixture("multitask_equal", tasks, "equal")
-    _register_paper()
+    register_paper()

@@ -360,7 +360,7 @@ def register_wmt(split_to_files: Mapping[str, tuple], name: str = "wmt_t2t_ende"
 # TFDS names and versions of the T5 paper's data (seqio.TfdsDataSource reads them from the TFDS
 # data dir: $TFDS_DATA_DIR or ~/tensorflow_datasets; `tfds build` them there first).
 TFDS = {
-    "c4": "c4/en:3.0.1",
+    "c4": "c4/en:3.1.0",  # T5 read 3.0.1, which today's TFDS no longer builds
     "glue": "glue/{task}:2.0.0",
     "super_glue": "super_glue/{task}:1.0.2",
     "squad": "squad/v1.1:3.0.0",
