@@ -528,7 +528,9 @@ def _average(task: str, metrics: dict) -> dict:
     if not d.members:
         return metrics
     per_task = [sum(v) / len(v) for v in ([x for k, x in metrics.items()
-                                           if k.startswith(m + "/")] for m in d.members) if v]
+                                           if k.startswith(m + "/")
+                                           and not k.endswith("/checkpoint_step")]
+                                          for m in d.members) if v]
     return {**metrics, d.metrics[0]: sum(per_task) / len(per_task)} if per_task else metrics
 
 
@@ -544,8 +546,9 @@ def _test(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
     in the evaluated stage's workdir (so deleting a stage to redo it drops its numbers too).
 
     per_checkpoint: every kept checkpoint of the evaluated stage is evaluated on validation
-    and each (member) task reports its best one (the paper's selection); else the finetuning
-    run's best params (or the multi-task run's final ones)."""
+    (eval.max_examples of the task's finetuning config; the whole split at paper scale) and
+    each (member) task reports its best one (the paper's selection); else the finetuning run's
+    best params (or the multi-task run's final ones)."""
     from t5lite import evaluation
     split = _scale(scale).report_split
     src = pre.workdir if multitask else ft.workdir
@@ -565,7 +568,7 @@ def _test(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
                 print(f"  validate {task} <- {ckpt}", flush=True)
                 cfg, model, params = evaluation.load(ckpt, sets)
                 m = evaluation.evaluate(cfg, model, params, tasks=(task,), split="validation",
-                                        max_examples=0)
+                                        max_examples=ft.cfg.eval.max_examples)
                 if best is None or _selection_metric(task, m) > _selection_metric(task, best):
                     best, best_step = m, step
             if best is None:
@@ -648,7 +651,8 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
             continue
         rdir = row_dir(workdir, table, row)
         old = _read_json(_join(rdir, "result.json")) or {}
-        all_runs = {**old.get("runs", {}), **runs}
+        old_runs = old.get("runs") or ({"0": old["metrics"]} if old.get("metrics") else {})
+        all_runs = {**old_runs, **runs}
         mean, std = _summarize(all_runs)
         results[row.name] = {
             "table": table.name, "row": row.name, "label": list(row.label),
