@@ -751,8 +751,9 @@ def render(table: Table, workdir: str) -> str:
              + "; ★ = the paper's baseline; bold = within two standard deviations of the "
              "column's best (the paper's rule)."]
     if paper_rows:
-        notes.append("Paper: arXiv 1910.10683v4 (GLUE / SGLUE averages, CNNDM ROUGE-2-F, SQuAD "
-                     "EM... as the paper's tables; validation sets)."
+        notes.append("Paper: arXiv 1910.10683v4, its validation-set numbers (GLUE and SuperGLUE "
+                     "averages, CNN/DM ROUGE-2-F, SQuAD, WMT BLEU); bold by its Table 1 "
+                     "baseline spread."
                      + (f" {table.paper_note}" if table.paper_note else ""))
     if missing:
         notes.append(f"Not run yet: {', '.join(missing)}.")
