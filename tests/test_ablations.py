@@ -478,3 +478,35 @@ def test_each_kind_of_row_runs(data_dir, tmp_path, test_scale, table, row):
     assert ("finetune_sentiment" in result["seconds"]) == (table != "table11")
     if table == "table11":  # the best of the kept checkpoints on validation (the paper)
         assert result["metrics"]["sentiment/checkpoint_step"] in (1.0, 2.0, 3.0, 4.0, 5.0)
+
+
+@pytest.mark.slow
+def test_paper_scale_row_end_to_end_on_tfds_fixtures(data_dir, tmp_path):
+    """--scale paper wiring on small TFDS fixtures: C4 pretraining, SQuAD finetuning, every
+    kept checkpoint validated and the best reported (a tiny model and a few steps; the test
+    vocabulary stands in for t5's)."""
+    import seqio
+    from test_formats import write_paper_tfds
+    from t5lite.tasks import ablation_tasks
+    train_helpers.enable_compilation_cache()
+    root = write_paper_tfds(str(tmp_path / "tfds"))
+    seqio.set_tfds_data_dir_override(root)
+    ablation_tasks.register_paper("t5lite_sp8k")
+    try:
+        (result,) = ablations.run("table6", str(tmp_path / "abl"), rows=["rate10"],
+                                  tasks=["squad"], scale="paper", overrides=SMALL + [
+            "data.batch_size=8", "model.dtype=float32", "optim.warmup_steps=1",
+            "pretrain.data.feature_lengths={'inputs': 32, 'targets': 16}",
+            "pretrain.train.steps=3", "pretrain.checkpoint.every_steps=3",
+            "pretrain.train.eval_every=0", "pretrain.train.eval_steps=0",
+            "finetune.data.feature_lengths={'inputs': 64, 'targets': 16}",
+            "finetune.train.steps=4", "finetune.checkpoint.every_steps=2",
+            "finetune.train.eval_steps=0", "finetune.decode.max_length=8"]).values()
+    finally:
+        seqio.set_tfds_data_dir_override(None)
+        ablation_tasks.register_paper("t5")
+    assert result["split"] == "validation"
+    assert 0.0 <= result["metrics"]["paper_squad/f1"] <= 100.0
+    assert result["metrics"]["paper_squad/checkpoint_step"] in (2.0, 4.0)
+    with open(tmp_path / "abl" / "table6" / "rate10" / "pretrain" / "config.json") as f:
+        assert json.load(f)["data"]["mixture_or_task"] == "c4_iid_denoising_rate10"

@@ -203,12 +203,8 @@ def _tfds_fixture(data_dir, name, config, version, splits):
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
 
 
-@pytest.fixture(scope="module")
-def tfds_dir(tmp_path_factory, vocab):
-    """The paper's data sets as small TFDS fixtures, and the paper tasks registered over them
-    with the test vocabulary (restored to the t5 vocabulary afterwards)."""
-    from t5lite.tasks import ablation_tasks
-    root = str(tmp_path_factory.mktemp("tfds"))
+def write_paper_tfds(root: str) -> str:
+    """The paper's data sets as small TFDS fixtures under root (a TFDS data dir)."""
     story = "The cat sat on the mat. It was warm."
     _tfds_fixture(root, "c4", "en", "3.1.0", {s: [
         {"text": f"document {i} about cats and dogs and the weather in the town " * 3,
@@ -236,6 +232,15 @@ def tfds_dir(tmp_path_factory, vocab):
     _tfds_fixture(root, "wmt16_translate", "ro-en", "1.0.0", {s: [
         {"en": "The cat sleeps.", "ro": "Pisica doarme."}] for s in ("train", "validation",
                                                                      "test")})
+    return root
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory, vocab):
+    """The paper's data sets as small TFDS fixtures, and the paper tasks registered over them
+    with the test vocabulary (restored to the t5 vocabulary afterwards)."""
+    from t5lite.tasks import ablation_tasks
+    root = write_paper_tfds(str(tmp_path_factory.mktemp("tfds")))
     seqio.set_tfds_data_dir_override(root)
     ablation_tasks.register_paper(vocab)
     yield root
