@@ -670,6 +670,81 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     return results
 
 
+# ----------------------------------------------------------------------------- estimate
+
+
+def _stage_tokens_per_step(cfg) -> int:
+    """Tokens a training step reads: batch x the feature lengths the model consumes."""
+    lengths = cfg.data.feature_lengths
+    return cfg.data.batch_size * sum(int(v) for v in lengths.values())
+
+
+def _compile_json(stage: Stage, topology: str, cache: dict) -> dict:
+    """`t5lite compile --json` (the TPU issue's AOT compile) for one stage, cached by config."""
+    import subprocess
+    import sys
+    key = (stage.config, tuple(stage.overrides))
+    if key not in cache:
+        cfg = stage.config if stage.config.endswith(".py") else os.path.join(
+            config_lib.configs_dir(), f"{stage.config}.py")
+        cmd = [sys.executable, "-m", "t5lite.cli", "compile", "--config", cfg, "--topology",
+               topology, "--json"] + [a for o in stage.overrides for a in ("--set", o)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            err = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            if "invalid choice: 'compile'" in proc.stderr:
+                raise UserError("--topology needs `t5lite compile` (AOT compile for TPU), which "
+                                "this install lacks; --estimate without --topology prints the "
+                                "steps and tokens.")
+            raise UserError(f"t5lite compile failed for {stage.workdir}: {err}")
+        cache[key] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return cache[key]
+
+
+def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] = (),
+             scale: str = "paper", overrides: Sequence[str] = (), seeds: int = 1,
+             topology: str = "") -> dict:
+    """Steps and tokens of every training stage of the rows (x seeds), and with ``topology``
+    the estimated TPU-hours from `t5lite compile` (chips x est_step_seconds x steps); prints a
+    table; -> {"rows": {row: {...}}, "total": {...}}. Evaluation is not counted."""
+    table = table if isinstance(table, Table) else load_table(table)
+    selected = [table.row(r) for r in rows] if rows else list(table.rows)
+    tasks = tuple(tasks) or _scale(scale).tasks or table.tasks
+    _check_tasks(tasks)
+    cache, out = {}, {}
+    for row in selected:
+        pre, fts = plan_row(table, row, "/estimate", tasks, scale, overrides)
+        stages = ([pre] if pre else []) + ([] if row.multitask else fts)
+        steps = sum(st.cfg.train.steps for st in stages) * seeds
+        tokens = sum(st.cfg.train.steps * _stage_tokens_per_step(st.cfg)
+                     for st in stages) * seeds
+        entry = {"steps": steps, "tokens": tokens}
+        if topology:
+            hours = 0.0
+            for st in stages:
+                c = _compile_json(st, topology, cache)
+                if not c.get("fits", True):
+                    raise UserError(f"{table.name}/{row.name} {st.kind} does not fit "
+                                    f"{topology} ({c.get('bytes_per_chip', {}).get('total')} "
+                                    f"bytes per chip); try a larger topology or --set "
+                                    "mesh / remat settings.")
+                hours += st.cfg.train.steps * float(c["est_step_seconds"]) * int(c["chips"])
+            entry["tpu_hours"] = hours * seeds / 3600
+        out[row.name] = entry
+    total = {k: sum(e[k] for e in out.values()) for k in ("steps", "tokens")}
+    if topology:
+        total["tpu_hours"] = sum(e["tpu_hours"] for e in out.values())
+    head = ["row", "train steps", "tokens"] + (["TPU-hours"] if topology else [])
+    lines = [" | ".join(head)]
+    for name, e in list(out.items()) + [("total", total)]:
+        lines.append(" | ".join([name, f"{e['steps']:,}", f"{e['tokens']:.3g}"]
+                                + ([f"{e['tpu_hours']:,.1f}"] if topology else [])))
+    print(f"{table.name} at --scale {scale}" + (f" on {topology}" if topology else "")
+          + f", {seeds} seed(s); training only (the per-checkpoint evaluations come on top):\n"
+          + "\n".join(lines), flush=True)
+    return {"rows": out, "total": total}
+
+
 # ----------------------------------------------------------------------------- render
 
 

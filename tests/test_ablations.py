@@ -306,7 +306,8 @@ def test_table11_paper_scale_steps_and_k():
         assert pre.cfg.data.mixture_or_task.startswith("paper_multitask_")
     for name, k in (("k16", 2 ** 16), ("k21", 2 ** 21)):
         mix = seqio.get_mixture_or_task(plans[name][0].cfg.data.mixture_or_task)
-        rates = {t.name: mix._task_to_rate[t.name] for t in mix.tasks}  # pylint: disable=protected-access
+        rates = {t.name: mix._task_to_rate[t.name]  # pylint: disable=protected-access
+                 for t in mix.tasks}
         assert all(r.keywords["maximum"] == k for r in rates.values())
         assert {"c4_iid_denoising", "paper_squad", "paper_glue_mnli"} <= set(rates)
     equal = seqio.get_mixture_or_task(plans["equal"][0].cfg.data.mixture_or_task)
@@ -395,6 +396,31 @@ def test_benchmark_average_is_the_papers():
         "paper_glue_cola/matthews_corrcoef": 40.0, "paper_glue_cola/checkpoint_step": 5000.0,
         "paper_glue_stsb/pearson_corrcoef": 80.0, "paper_glue_stsb/spearman_corrcoef": 90.0})
     assert got["glue/average"] == pytest.approx((40.0 + 85.0) / 2)
+
+
+def test_estimate_steps_and_tokens(capsys):
+    got = ablations.estimate("table6", rows=["rate15"], tasks=["glue"], scale="paper")
+    pre_tokens = 2 ** 19 * 128 * (512 + ablations.iid_targets(512, 0.15))
+    ft_tokens = 2 ** 18 * 128 * (512 + 512)
+    assert got["rows"]["rate15"] == {"steps": 2 ** 19 + 2 ** 18,
+                                     "tokens": pre_tokens + ft_tokens}
+    got = ablations.estimate("table11", rows=["k16", "baseline"], tasks=["glue"],
+                             scale="paper", seeds=2)
+    assert got["rows"]["k16"]["steps"] == 2 * (2 ** 19 + 2 ** 18)  # no finetuning stage
+    assert got["total"]["steps"] == 4 * (2 ** 19 + 2 ** 18)
+    out = capsys.readouterr().out
+    assert "k16 | 1,572,864 |" in out and "total | 3,145,728 |" in out
+    assert cli.main(["ablate", "--table", "2", "--estimate", "--rows", "no_pretraining"]) == 0
+    # paper scale by default: 2^18 finetuning steps on each of the seven benchmarks
+    assert "no_pretraining | 1,835,008 |" in capsys.readouterr().out
+
+
+def test_estimate_topology_needs_the_compile_command(capsys):
+    if "compile" in cli.build_parser()._subparsers._group_actions[0].choices:  # noqa: SLF001
+        pytest.skip("t5lite compile is installed: the TPU-hours come from it")
+    assert cli.main(["ablate", "--table", "6", "--rows", "rate15", "--estimate",
+                     "--topology", "v5p-32"]) == 2
+    assert "needs `t5lite compile`" in capsys.readouterr().err
 
 
 def test_paper_numbers():

@@ -1,8 +1,8 @@
 """T5 paper (Raffel et al. 2020), Table 10: finetuning only a subset of the parameters. ★ All
 parameters; adapter layers (the paper's: a dense-ReLU-dense block of inner size d with its
 own layer norm and residual after each feed-forward sub-layer; only the adapters, the layer
-norms and any new head train: model.peft.adapter_dim, model.peft.train_also) with the paper's d = 32, 128, 512, 2048; gradual unfreezing
-(model.peft.unfreeze_every: the top layer group first, one more every steps / layers steps).
+norms and any new head train: model.peft.adapter_dim, model.peft.train_also) with the
+paper's d = 32, 128, 512, 2048; gradual unfreezing (model.peft.unfreeze_every: the top layer group first, one more every steps / layers steps).
 
 Pretraining is the same in every row (the baseline objective); only the finetuning stage
 changes, so the rows could share one pretrained model; each row still pretrains its own (same

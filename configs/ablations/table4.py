@@ -3,8 +3,9 @@ language modeling, BERT-style denoising and deshuffling (the paper marks no base
 
 Tasks corpus_prefix_lm (a chunk split at a random point: prefix -> continuation),
 corpus_bert_denoising (15% of tokens: 90% mask / 10% random, as the paper's reference;
-target = the original text) and corpus_deshuffling (shuffled tokens -> original order); each target is a full
-L - 1-token chunk, so the targets are L long. Encoder-decoder as in the paper.
+target = the original text) and corpus_deshuffling (shuffled tokens -> original order); each
+target is a full L - 1-token chunk, so the targets are L long; prefix-LM and deshuffling
+chunks stay inside one document (as T5's reference). Encoder-decoder as in the paper.
 
 Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py), 128 input
 tokens, 150 + 150 steps, sentiment accuracy only (add `--tasks translate_en_de

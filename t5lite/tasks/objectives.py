@@ -165,7 +165,8 @@ def nonnoise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None)
                 - tf.cumsum(tf.cast(first_nonnoise, tokens.dtype)))
     out = tf.boolean_mask(tf.where(first_nonnoise, sentinel, tokens),
                           tf.logical_not(tf.logical_and(nonnoise, prev_nonnoise)))
-    lead = tf.fill(tf.cast([starts_noise], tf.int32), tf.cast(vocabulary.vocab_size - 1, tokens.dtype))
+    lead = tf.fill(tf.cast([starts_noise], tf.int32),
+                   tf.cast(vocabulary.vocab_size - 1, tokens.dtype))
     return tf.concat([lead, out], 0)
 
 
