@@ -2,7 +2,8 @@
 parameters; adapter layers (the paper's: a dense-ReLU-dense block of inner size d with its
 own layer norm and residual after each feed-forward sub-layer; only the adapters, the layer
 norms and any new head train: model.peft.adapter_dim, model.peft.train_also) with the
-paper's d = 32, 128, 512, 2048; gradual unfreezing (model.peft.unfreeze_every: the top layer group first, one more every steps / layers steps).
+paper's d = 32, 128, 512, 2048; gradual unfreezing (model.peft.unfreeze_every: the top layer
+group first, one more every steps / layers steps).
 
 Pretraining is the same in every row (the baseline objective); only the finetuning stage
 changes, so the rows could share one pretrained model; each row still pretrains its own (same
