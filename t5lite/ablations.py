@@ -9,17 +9,21 @@ corruption" holds at any scale.
 
 Overrides of a stage apply in this order (later wins):
     base config file <- DOWNSTREAM task (finetuning) <- SCALES[scale] <- user `--set`
-    (`pretrain.KEY=V` / `finetune.KEY=V`: one stage) <- table <- row (both stages, then this
-    stage).
+    (`pretrain.KEY=V` / `finetune.KEY=V`: one stage) <- seed <- table <- row (both stages,
+    then this stage); then the scale's renames of the pretraining task (paper: C4) and, for a
+    multi-task row, steps = pretraining + finetuning steps.
 The user's overrides adjust the scale (model size, steps, lengths, data dir) under every row,
 so a row's `:=` values follow them and the row's own change always holds.
 
-`run` does, per row: pretrain into WORKDIR/<table>/<row>/pretrain; finetune on each task into
-.../finetune_<task> (from the pretrained params); evaluate the best params (by the task's
-validation metric) on the held-out test split; write .../result.json; re-render
-WORKDIR/<table>/table.md. Every stage resumes from its workdir and a finished one is skipped,
-so a rerun picks up where the last one stopped. `dry_run` prints the equivalent
-`t5lite train` / `t5lite eval` commands instead.
+`run` does, per row and seed: pretrain into WORKDIR/<table>/<row>[/seed<k>]/pretrain; finetune
+on each task into .../finetune_<task> (from the pretrained params); evaluate on the scale's
+report split (tiny / small: the best params by the task's validation metric on the held-out
+test split; paper, and multi-task rows: every kept checkpoint on validation, the best per
+task, as the paper); write .../result.json (runs, mean, std); re-render
+WORKDIR/<table>/table.md (measured beside the paper's numbers). Every stage resumes from its
+workdir and a finished one is skipped, so a rerun picks up where the last one stopped.
+`dry_run` prints the equivalent `t5lite train` / `t5lite eval` commands instead; `estimate`
+the steps, tokens and (with `t5lite compile`) TPU-hours.
 """
 
 from __future__ import annotations
