@@ -558,8 +558,7 @@ def _test(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
     from t5lite import evaluation
     split = _scale(scale).report_split
     src = pre.workdir if multitask else ft.workdir
-    name = "test" if split == "test" else split
-    path = _join(src, f"{name}_{ft.task}.json")
+    path = _join(src, f"{split}_{ft.task}.json")
     cached = _read_json(path)
     if cached is not None:
         return cached
