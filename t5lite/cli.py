@@ -113,13 +113,20 @@ def cmd_ablate(args):
     if args.list:
         print(ablations.list_tables())
         return
-    if not args.table or not args.workdir:
-        raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list).")
+    if not args.table or not (args.workdir or args.estimate or args.topology):
+        raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list, or "
+                        "--estimate).")
     def names(values):  # "--rows a b" and "--rows a,b" both work
         return [n for v in values or () for n in v.split(",") if n]
 
+    if args.estimate or args.topology:
+        ablations.estimate(args.table, rows=names(args.rows), tasks=names(args.tasks),
+                           scale=args.scale or "paper", overrides=args.set or [],
+                           seeds=args.seeds, topology=args.topology or "")
+        return
     ablations.run(args.table, args.workdir, rows=names(args.rows), tasks=names(args.tasks),
-                  scale=args.scale, overrides=args.set or [], dry_run=args.dry_run)
+                  scale=args.scale or "tiny", overrides=args.set or [], dry_run=args.dry_run,
+                  seeds=args.seeds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,14 +207,22 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: all)")
     sp.add_argument("--tasks", nargs="+", help="downstream tasks, space- or comma-separated "
                     "(default: the table's)")
-    sp.add_argument("--scale", default="tiny",
-                    help="tiny (CPU, default) or paper (T5 base, 2^18 steps)")
+    sp.add_argument("--scale", default=None,
+                    help="tiny (CPU smoke test; the default, but paper for --estimate), small "
+                    "(CPU study) or paper (T5 base, C4 + the paper's benchmarks, 2^19 + 2^18 "
+                    "steps)")
+    sp.add_argument("--seeds", type=int, default=1,
+                    help="run each row N times (seeds 0..N-1); the table shows mean ± std")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override for every row and stage (repeatable); "
                     "pretrain.KEY=V / finetune.KEY=V: one stage only")
     sp.add_argument("--dry-run", action="store_true",
                     help="print the `t5lite train` / `t5lite eval` commands, train nothing")
     sp.add_argument("--list", action="store_true", help="list the tables and their rows")
+    sp.add_argument("--estimate", action="store_true",
+                    help="print each row's training steps and tokens, train nothing")
+    sp.add_argument("--topology", help="with --estimate: also TPU-hours per row from "
+                    "`t5lite compile` on this slice, e.g. v5p-32")
     sp.set_defaults(fn=cmd_ablate)
     return p
 
