@@ -423,21 +423,6 @@ def test_estimate_topology_needs_the_compile_command(capsys):
     assert "needs `t5lite compile`" in capsys.readouterr().err
 
 
-def test_paper_numbers():
-    """Every table row the paper reports carries its numbers; Table 10's d = 2048 row is left
-    out because the paper prints the d = 128 numbers there (checked against its text)."""
-    for name in TABLES:
-        table = ablations.load_table(name)
-        base = [r for r in table.rows if r.name == table.baseline]
-        if base and name != "table11":
-            assert base[0].paper == ablations.PAPER_BASELINE
-    t10 = ablations.load_table("table10")
-    assert t10.row("adapters2048").paper is None
-    assert t10.row("adapters128").paper == (81.51, 16.62, 79.47, 63.03, 19.83, 27.50, 22.63)
-    assert "d = 128" in ablations.render(t10, "/nonexistent")
-    assert "copy error" in ablations.render(t10, "/nonexistent")
-
-
 SMALL = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_ff=64",
          "model.num_encoder_layers=1", "model.num_decoder_layers=1", "model.vocab_size=768",
          "train.prepare_data=()", "train.log_every=1"]

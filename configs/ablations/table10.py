@@ -26,15 +26,19 @@ from t5lite.ablations import BASELINE_PRETRAIN, Row, Table
 
 ADAPTERS_TRAIN = "*_norm/*,class_dense/*,token_dense/*,span_dense/*"  # + the adapters
 
-PAPER = {  # the paper's Table 10 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo)
+# The paper's Table 10 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo), checked row by row
+# against the paper's text (arXiv 1910.10683, ar5iv rendering), pinned by
+# tests/test_paper_numbers.py.
+# Table 10 prints its d = 128 numbers again in the d = 2048 row, a copy error that its own
+# discussion contradicts ("higher resource tasks require a large dimensionality"); the d = 2048
+# numbers here are that experiment's scores in the paper's Table 16 (Appendix E: every score
+# of every experiment), whose GLUE average its subtask scores reproduce.
+PAPER = {
     "all": (83.28, 19.24, 80.88, 71.36, 26.98, 39.82, 27.65),
     "adapters32": (80.52, 15.08, 79.32, 60.40, 13.84, 17.88, 15.54),
     "adapters128": (81.51, 16.62, 79.47, 63.03, 19.83, 27.50, 22.63),
     "adapters512": (81.54, 17.78, 79.18, 64.30, 23.45, 33.98, 25.81),
-    # The paper prints d = 2048 with exactly the d = 128 numbers (checked against its text,
-    # arXiv v4), which its own discussion contradicts ("higher resource tasks require a large
-    # dimensionality"): a copy error, so no published numbers for this row.
-    "adapters2048": None,
+    "adapters2048": (82.62, 18.30, 79.40, 68.61, 25.64, 36.92, 26.93),  # from Table 16
     "gradual_unfreezing": (82.50, 18.95, 79.17, 70.79, 26.71, 39.02, 26.93),
 }
 
@@ -45,8 +49,8 @@ TABLE = Table(
     label_columns=("Fine-tuning method",),
     baseline="all",
     pretrain=BASELINE_PRETRAIN,
-    paper_note="The paper's d = 2048 row repeats its d = 128 row digit for digit (a copy "
-               "error its text contradicts), so it is left out.",
+    paper_note="The paper's Table 10 repeats its d = 128 numbers in the d = 2048 row (a copy "
+               "error); the d = 2048 numbers shown are that row's scores in its Table 16.",
     rows=(Row("all", ("All parameters",), paper=PAPER["all"]),) + tuple(
         Row(f"adapters{d}", (f"Adapter layers, d = {d}",), finetune=(
             f"model.peft.adapter_dim={d}",

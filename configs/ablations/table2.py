@@ -20,7 +20,10 @@ layers, 8k vocabulary), 128 input tokens, 150 + 150 steps, sentiment accuracy on
 
 from t5lite.ablations import BASELINE_PRETRAIN, PAPER_NO_PRETRAINING, Row, Table
 
-# The paper's Table 2 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo), by row name
+# The paper's Table 2 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo) by row name, checked row by row
+# against the paper's text (arXiv 1910.10683, ar5iv rendering), pinned by
+# tests/test_paper_numbers.py; the no-pretraining row is its Table 1's
+# (ablations.PAPER_NO_PRETRAINING, checked likewise)
 PAPER = {
     "encdec_denoising": (83.28, 19.24, 80.88, 71.36, 26.98, 39.82, 27.65),
     "shared_denoising": (82.81, 18.78, 80.63, 70.73, 26.72, 39.03, 27.46),

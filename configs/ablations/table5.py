@@ -16,6 +16,9 @@ steps (t5lite/ablations.py SCALES).
 
 from t5lite.ablations import BASELINE_PRETRAIN, PAPER_BASELINE, Row, Table
 
+# The paper's numbers (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo): its Table 5, checked row by row
+# against the paper's text (arXiv 1910.10683, ar5iv rendering), pinned by
+# tests/test_paper_numbers.py
 TABLE = Table(
     name="table5",
     caption="Comparison of variants of the BERT-style pre-training objective.",

@@ -14,7 +14,10 @@ only (add `--tasks translate_en_de summarize_debian` for BLEU / ROUGE-2).
 
 from t5lite.ablations import BASELINE_PRETRAIN, Row, Table
 
-PAPER = {  # the paper's Table 6 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo)
+# The paper's Table 6 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo), checked row by row
+# against the paper's text (arXiv 1910.10683, ar5iv rendering), pinned by
+# tests/test_paper_numbers.py
+PAPER = {
     10: (82.82, 19.00, 80.38, 69.55, 26.87, 39.28, 27.44),
     15: (83.28, 19.24, 80.88, 71.36, 26.98, 39.82, 27.65),
     25: (83.00, 19.54, 80.96, 70.48, 27.04, 39.83, 27.47),

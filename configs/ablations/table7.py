@@ -13,7 +13,10 @@ steps (t5lite/ablations.py SCALES).
 
 from t5lite.ablations import BASELINE_PRETRAIN, PAPER_BASELINE, Row, Table
 
-PAPER = {  # the paper's Table 7 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo)
+# The paper's Table 7 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo), checked row by row
+# against the paper's text (arXiv 1910.10683, ar5iv rendering), pinned by
+# tests/test_paper_numbers.py
+PAPER = {
     2: (83.54, 19.39, 82.09, 72.20, 26.76, 39.99, 27.63),
     3: (83.49, 19.62, 81.84, 72.53, 26.86, 39.65, 27.62),
     5: (83.40, 19.24, 82.05, 72.23, 26.88, 39.40, 27.53),
