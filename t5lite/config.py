@@ -152,6 +152,8 @@ class TrainConfig:
     # local datasets built before training if missing (local_data.ensure_prepared), e.g.
     # ("corpus", "vocab_sp8k"); () = expect them prepared (`t5lite data prepare`)
     prepare_data: tuple = ()
+    # "A:B": jax.profiler trace of the steps after A up to B into WORKDIR/profile/ (process 0)
+    profile_steps: str = ""
 
 
 @dataclasses.dataclass

@@ -94,9 +94,9 @@ class MetricsLogger:
         self._truncate_after(start_step)
         self.tb = _summary_writer_cls()(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
         if progress_bar:
-            from tqdm import tqdm
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step",
-                            dynamic_ncols=True, smoothing=0.1)
+            from t5lite import progress  # plain lines instead of a bar in a log file
+            self.bar = progress.bar(total=total_steps, initial=start_step, unit="step", desc="train",
+                                    dynamic_ncols=True, smoothing=0.1)
         self.step = start_step
 
     def _truncate_after(self, step: int) -> None:

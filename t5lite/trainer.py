@@ -23,7 +23,7 @@ import optax
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from t5lite import checkpointing, losses, metrics_log, optim, partitioning
+from t5lite import checkpointing, losses, metrics_log, observe, optim, partitioning
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import peft
@@ -260,6 +260,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     the contract's keys); tf.data iterators are also checkpointed for exact resume.
     """
     from t5lite.models import build_model
+    started = time.time()  # goodput: start-up counts from here (observe.RunClock)
     partitioning.initialize_multihost(cfg.mesh)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
@@ -281,7 +282,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
         logger = metrics_log.MetricsLogger(workdir, cfg.train.steps, start_step=start)
         try:
             return _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
-                         data_iter, tf_iter, eval_iter_fn)
+                         data_iter, tf_iter, eval_iter_fn, started=started)
         finally:
             logger.close()
     finally:
@@ -289,7 +290,9 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
 
 
 def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt, data_iter,
-          tf_iter, eval_iter_fn):
+          tf_iter, eval_iter_fn, started=None):
+    watch = observe.RunClock(ckpt.workdir, start, enabled=logger.enabled, started=started)
+    prof = observe.Profiler(cfg.train.profile_steps, ckpt.workdir, logger.info)
     if state is not None:
         logger.info(f"resumed from {ckpt.dir}/{start}"
                     + ("" if tf_iter else " (data iterator position not restored: not tf.data)"))
@@ -350,38 +353,61 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
             m["steps_per_s"] = n / dt
             if peak:
                 m["mfu"] = flops * n / dt / (peak * mesh.size)
+            m.update(watch.interval_metrics(step))  # data wait / compute / checkpoint, goodput
             logger.write(step, m)
+            watch.save(step)
             clock.update(t=now, step=step, tokens=0)
 
     pending = None
+    watch.loop_started()
     for step in range(start, total):
+        prof.before_step(step)
+        t_data = time.time()
         try:
             host = _to_numpy(next(data_iter))
         except StopIteration:
             raise UserError(f"training data ran out at step {step} of {total}; use "
                             "num_epochs=None (repeat) or fewer train.steps") from None
-        state, metrics = train_step(state, partitioning.global_batch(host, bsh))
+        batch = partitioning.global_batch(host, bsh)
+        watch.add("data", time.time() - t_data)
+        step_fn = train_step if step > start else watch.compiling(train_step, logger.info)
+        with prof.annotate(step):
+            state, metrics = step_fn(state, batch)
+        prof.after_step(step + 1, metrics)
         if pending is not None:  # read the previous step's metrics while this one runs
             flush(*pending)
         pending = (step + 1, metrics, _count_tokens(host))
         if ckpt.should_save(step + 1, total):
             flush(*pending)
             pending = None
+            t_ckpt = time.time()
             ckpt.save(step + 1, state, data_iter if tf_iter else None)
             peft.save_with_checkpoint(cfg, ckpt.workdir, step + 1, state.params)
             last_ckpt = step + 1
+            watch.add("checkpoint", time.time() - t_ckpt)
+            watch.checkpoint_saved(step + 1)
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < total:
-            final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
-                                   eval_iter_fn))
+            with watch.phase("eval"):
+                final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
+                                       eval_iter_fn))
         if task_eval is not None and step + 1 < total and task_eval.due(step + 1, total):
-            final.update(task_eval(step + 1, state.params))
+            with watch.phase("eval"):
+                final.update(task_eval(step + 1, state.params))
     if pending is not None:
         flush(*pending)
-    if total > start or not final:
-        final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, max(total, start),
-                               eval_iter_fn))
-    if task_eval is not None and total > start:
-        final.update(task_eval(total, state.params))
+    prof.stop(state)
+    with watch.phase("eval"):
+        if total > start or not final:
+            final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, max(total, start),
+                                   eval_iter_fn))
+        if task_eval is not None and total > start:
+            final.update(task_eval(total, state.params))
+    end = max(total, start)
+    watch.save(end)
+    logger.info(watch.report(end))
+    summary = watch.summary(end)
+    logger.write(end, summary, prefix="goodput")
+    final["goodput"] = summary["goodput"]
     return final
 
 

@@ -1,0 +1,86 @@
+"""Progress bars that suit where the output goes: tqdm's bar on a terminal, plain periodic lines
+in a log file (SLURM .out, the TPU launcher's nohup log), so a file never fills with
+carriage-return redraws.
+
+`bar(...)` takes tqdm's arguments. Off a terminal it prints a whole line at most every
+`$T5LITE_PROGRESS_SECONDS` (default 30) seconds, plus the first and the last.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from tqdm import tqdm
+
+
+def _interval() -> float:
+    try:
+        return float(os.environ.get("T5LITE_PROGRESS_SECONDS", "30"))
+    except ValueError:
+        return 30.0
+
+
+def is_tty(file=None) -> bool:
+    file = file if file is not None else sys.stderr
+    try:
+        return file.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class LineTqdm(tqdm):
+    """tqdm that writes whole lines, at most one per `mininterval` seconds, never '\\r'."""
+
+    def __init__(self, *args, **kwargs):
+        self._line_t = None
+        self._line = None
+        kwargs["mininterval"] = kwargs.get("mininterval") or _interval()
+        kwargs["dynamic_ncols"] = False
+        kwargs.setdefault("ascii", True)
+        total = kwargs.get("total")
+        if total is None and args and hasattr(args[0], "__len__"):
+            total = len(args[0])
+        if "bar_format" not in kwargs:  # no bar glyphs in a log: count, percent, times, rate
+            kwargs["bar_format"] = (
+                "{desc}: {n_fmt}/{total_fmt} ({percentage:.0f}%) [{elapsed}<{remaining}, "
+                "{rate_fmt}{postfix}]" if total else
+                "{desc}: {n_fmt} [{elapsed}, {rate_fmt}{postfix}]")
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg=None, pos=None, force=False):
+        if msg == "":  # tqdm clearing its line: nothing to clear in a log
+            return True
+        now = time.time()
+        if not force and self._line_t is not None and now - self._line_t < self.mininterval:
+            return True
+        line = self.__str__() if msg is None else msg
+        if line != self._line:
+            self.fp.write(line.replace("\r", "") + "\n")
+            self.fp.flush()
+            self._line = line
+        self._line_t = now
+        return True
+
+    def clear(self, nolock=False):
+        pass
+
+    def close(self):
+        if getattr(self, "disable", True):
+            return
+        if getattr(self, "sp", None) is not None and self.leave is not False:
+            self.display(force=True)
+        self.disable = True
+        self._decr_instances(self)
+
+
+def bar(*args, **kwargs) -> tqdm:
+    """tqdm(*args, **kwargs) on a terminal, LineTqdm elsewhere (same API)."""
+    cls = tqdm if is_tty(kwargs.get("file")) else LineTqdm
+    return cls(*args, **kwargs)
+
+
+def write(msg: str) -> None:
+    """A message that does not break an active bar (tqdm.write; plain print off a terminal)."""
+    tqdm.write(msg)
