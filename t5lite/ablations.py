@@ -480,4 +480,10 @@ def _write_table(table: Table, workdir: str) -> str:
     path = _join(workdir, table.name, "table.md")
     if jax.process_index() == 0:
         epath.Path(path).write_text(render(table, workdir) + "\n")
+        from t5lite import plot  # the same numbers as a chart: table.png
+        results = [(r, _read_json(_join(workdir, table.name, r.name, "result.json")) or {})
+                   for r in table.rows]
+        plot.ablation_chart(f"{table.name}: {table.caption}", [
+            (" ".join(r.label), res.get("metrics", {}), r.name == table.baseline)
+            for r, res in results], _join(workdir, table.name, "table.png"))
     return path

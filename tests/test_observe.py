@@ -85,3 +85,149 @@ def test_progress_off_a_terminal_prints_plain_lines(monkeypatch):
     lines = text.splitlines()
     assert lines[0].startswith("eval: 0/5") and lines[-1].startswith("eval: 5/5 (100%)")
     assert "loss=4" in lines[-1]
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _fake_run(workdir, steps=60, shift=0.0, task=True):
+    os.makedirs(workdir, exist_ok=True)
+    rng = np.random.default_rng(int(shift * 10))
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        for s in range(1, steps + 1):
+            loss = 6 * np.exp(-s / 20) + 1.5 + shift + 0.2 * rng.random()
+            f.write(json.dumps({"step": s, "split": "train", "loss": loss,
+                                "accuracy": 1 - loss / 8, "lr": 1e-3 * min(1, s / 10)}) + "\n")
+            if s % 20 == 0:
+                f.write(json.dumps({"step": s, "split": "eval", "loss": loss + 0.1,
+                                    "accuracy": 1 - loss / 7}) + "\n")
+                if task:
+                    f.write(json.dumps({"step": s, "split": "eval_tasks", "seconds": 3.0,
+                                        "sentiment/accuracy": 50 + s / 3 - 10 * shift}) + "\n")
+        f.write('{"step": 61, "split": "tr')  # a line cut short by a killed run
+
+
+def _png(path):
+    from PIL import Image
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def test_plot_writes_a_png_of_the_asked_size_with_curves(tmp_path):
+    from t5lite import cli
+    a, b = str(tmp_path / "ablate" / "rate10" / "pretrain"), str(
+        tmp_path / "ablate" / "rate50" / "pretrain")
+    _fake_run(a)
+    _fake_run(b, shift=0.5, task=False)
+    out = str(tmp_path / "cmp.png")
+    assert cli.main(["plot", a, b, "--output", out, "--size", "1000x700"]) == 0
+    px = _png(out)
+    assert px.shape == (700, 1000, 3)
+    assert (px < 250).any(axis=-1).mean() > 0.03  # lines, labels, axes: not a blank page
+    colors = {tuple(c) for c in px.reshape(-1, 3)[::7]}
+    assert len(colors) > 50  # several colored curves, anti-aliased
+    assert cli.main(["plot", a]) == 0 and _png(os.path.join(a, "metrics.png")).shape == (
+        900, 1400, 3)
+    from t5lite import plot
+    assert plot.run_labels([a, b]) == ["rate10/pretrain", "rate50/pretrain"]
+    assert cli.main(["plot", str(tmp_path / "nothing")]) == 2
+    assert cli.main(["plot", a, "--size", "big"]) == 2
+
+
+def test_ablation_chart_is_written_next_to_the_table(tmp_path):
+    from t5lite import plot
+    rows = [("i.i.d. 15%", {"sentiment/accuracy": 61.0, "translate_en_de/bleu": 3.1}, True),
+            ("span 3", {"sentiment/accuracy": 64.5, "translate_en_de/bleu": 3.9}, False),
+            ("not run", {}, False)]
+    out = plot.ablation_chart("table6: corruption rate", rows, str(tmp_path / "table.png"))
+    px = _png(out)
+    assert px.shape == (700, 1200, 3) and (px < 250).any(axis=-1).mean() > 0.02
+    assert plot.ablation_chart("t", [("x", {}, False)], str(tmp_path / "none.png")) is None
+
+
+def test_ablate_writes_table_png_beside_table_md(tmp_path):
+    from t5lite import ablations
+    table = ablations.load_table("table6")
+    for name, acc in (("rate15", 71.5), ("rate50", 64.0)):
+        d = tmp_path / "table6" / name
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"metrics": {"sentiment/accuracy": acc}}))
+    ablations._write_table(table, str(tmp_path))
+    assert (tmp_path / "table6" / "table.md").exists()
+    px = _png(str(tmp_path / "table6" / "table.png"))
+    assert px.shape == (700, 1200, 3) and (px < 250).any(axis=-1).mean() > 0.02
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _all_actions(parser, prefix="t5lite"):
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _all_actions(sub, f"{prefix} {name}")
+        else:
+            yield prefix, action
+
+
+def test_every_cli_argument_has_help_and_choices_where_fixed(capsys):
+    from t5lite import cli
+    parser = cli.build_parser()
+    missing = [f"{cmd} {a.dest}" for cmd, a in _all_actions(parser)
+               if not (a.help or "").strip()]
+    assert not missing, missing
+    acts = {(cmd, a.dest): a for cmd, a in _all_actions(parser)}
+    assert "table6" in acts[("t5lite ablate", "table")].choices
+    assert "6" in acts[("t5lite ablate", "table")].choices  # table6
+    assert list(acts[("t5lite ablate", "scale")].choices) == ["tiny", "paper"]
+    assert cli.main(["--version"]) == 0 and capsys.readouterr().out.startswith("t5lite 0.")
+    assert cli.main(["eval", "--help"]) == 0
+    assert "(default: validation)" in capsys.readouterr().out.replace("\n", " ")
+    assert cli.main(["data", "prepare", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "translate_en_de" in text and "vocab_sp8k" in text
+    assert cli.main(["ablate", "--table", "tabel6", "--workdir", "/w"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_train_print_config_shows_the_resolved_config_and_trains_nothing(tmp_path, capsys):
+    from t5lite import cli
+    assert cli.main(["train", "--config", "quickstart", "--set", "train.steps=7",
+                     "--print-config"]) == 0
+    cfg = config_lib.from_dict(json.loads(capsys.readouterr().out))
+    assert cfg.train.steps == 7 and cfg.name == "quickstart"
+    assert cli.main(["train", "--config", "quickstart", "--set", "train.step=7",
+                     "--print-config"]) == 2  # validated: did you mean train.steps?
+    assert cli.main(["train", "--config", "quickstart"]) == 2  # no --workdir
+    assert "--workdir" in capsys.readouterr().err
+
+
+def test_listings_are_cached_and_say_which_task_data_is_prepared(tmp_path, monkeypatch):
+    from t5lite import listings
+    monkeypatch.setenv("T5LITE_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "data"  # sentiment and the BERT vocabulary prepared, nothing else
+    files = {"finetune/sentiment/train.tsv": "good\tpositive\n", "vocab/bert/vocab.txt": "[PAD]\n"}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    ld = listings.local_data()
+    manifest = {"format": 1, "datasets": {
+        name: {"recipe": ld.DATASETS[name].recipe, "sources": {},
+               "files": {rel: {"bytes": len(files[rel]), "sha256": ""}}}
+        for name, rel in (("sentiment", "finetune/sentiment/train.tsv"),
+                          ("vocab_bert", "vocab/bert/vocab.txt"))}}
+    (root / "MANIFEST.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("T5LITE_DATA_DIR", str(root))
+    text = listings.tasks_table()
+    rows = {line.split()[0]: line for line in text.splitlines()[2:-1]}
+    assert rows["sentiment_cls_bert"].endswith("  ready")
+    assert rows["sentiment"].endswith("  prepare vocab_sp8k")
+    assert rows["corpus_span_corruption"].endswith("  prepare corpus,vocab_sp8k")
+    assert str(root) in text.splitlines()[-1]
+    assert os.path.exists(tmp_path / "cache" / "tasks.json")
+    calls = []
+    monkeypatch.setattr("t5lite.tasks.inspect.task_rows", lambda: calls.append(1) or [])
+    assert listings.tasks_table() == text and not calls  # served from the cache
+    table = listings.models_table(["t5_1_0_small"])
+    assert "60.5M" in table and listings.models_table(["t5_1_0_small"]) == table
