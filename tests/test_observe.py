@@ -231,3 +231,30 @@ def test_listings_are_cached_and_say_which_task_data_is_prepared(tmp_path, monke
     assert listings.tasks_table() == text and not calls  # served from the cache
     table = listings.models_table(["t5_1_0_small"])
     assert "60.5M" in table and listings.models_table(["t5_1_0_small"]) == table
+
+
+def test_convert_export_of_a_lora_run_names_merge_lora_which_works(tmp_path, capsys):
+    import flax.linen as nn
+    import jax
+    from t5lite import cli, convert
+    from t5lite.checkpointing import load_params
+    from t5lite.models import build_model, dummy_batch
+    cfg = config_lib.load_config("bert_tiny", ["model.peft.lora_rank=2"])
+    batch = dummy_batch(cfg.model, 1, {"inputs": 8})
+    params = nn.meta.unbox(build_model(cfg.model).init(jax.random.key(0), batch,
+                                                        deterministic=True)["params"])
+    params = jax.tree_util.tree_map_with_path(  # a trained (non-zero) LoRA B
+        lambda p, v: v + 0.01 if "lora_b" in jax.tree_util.keystr(p) else v, params)
+    src, merged = str(tmp_path / "lora"), str(tmp_path / "lora_merged")
+    convert.save_params_dir(cfg, jax.device_get(params), src)
+    assert cli.main(["convert", "export", src, str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert f"t5lite convert merge-lora {src} {merged}" in err
+    assert cli.main(["convert", "merge-lora", src, merged]) == 0
+    mcfg, mparams = load_params(merged)
+    flat = jax.tree_util.tree_leaves_with_path(mparams)
+    assert mcfg.model.peft.lora_rank == 0 and not any("lora" in jax.tree_util.keystr(p)
+                                                      for p, _ in flat)
+    assert cli.main(["convert", "merge-lora", src, merged]) == 2  # never overwrites
+    assert cli.main(["convert", "export", merged, str(tmp_path / "hf")]) == 0
+    assert os.path.exists(tmp_path / "hf" / "model.safetensors")
