@@ -674,9 +674,11 @@ def read_hf_config(hf_dir: str) -> dict:
 
 def export_hf_command(src: str, dst: str) -> None:
     """`t5lite convert export SRC DST`: params-only dir / workdir / step dir -> HF dir."""
+    from t5lite import progress
     from t5lite.checkpointing import load_params
 
-    cfg, params = load_params(src)
+    with progress.quiet_absl():
+        cfg, params = load_params(src)
     p = cfg.model.peft
     if p.lora_rank and not (p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3):
         merged = src.rstrip("/") + "_merged"
@@ -692,10 +694,12 @@ def merge_lora_command(src: str, dst: str) -> None:
     """`t5lite convert merge-lora SRC DST`: a LoRA checkpoint (anything load_params reads) ->
     a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
     infer and init_from."""
+    from t5lite import progress
     from t5lite.checkpointing import load_params
     from t5lite.models import peft
 
-    cfg, params = load_params(src)
+    with progress.quiet_absl():
+        cfg, params = load_params(src)
     cfg, params = peft.merge_lora(cfg, params)
     save_params_dir(cfg, params, dst)
     print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "

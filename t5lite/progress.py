@@ -8,6 +8,8 @@ carriage-return redraws.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import time
@@ -47,6 +49,8 @@ class LineTqdm(tqdm):
                 "{desc}: {n_fmt}/{total_fmt} ({percentage:.0f}%) [{elapsed}<{remaining}, "
                 "{rate_fmt}{postfix}]" if total else
                 "{desc}: {n_fmt} [{elapsed}, {rate_fmt}{postfix}]")
+        if kwargs.get("leave") is False:  # a passing bar (eval inside training): only slow
+            self._line_t = time.time()  # ones print, from mininterval on
         super().__init__(*args, **kwargs)
 
     def display(self, msg=None, pos=None, force=False):
@@ -84,3 +88,20 @@ def bar(*args, **kwargs) -> tqdm:
 def write(msg: str) -> None:
     """A message that does not break an active bar (tqdm.write; plain print off a terminal)."""
     tqdm.write(msg)
+
+
+@contextlib.contextmanager
+def quiet_absl():
+    """Hide absl WARNING/INFO lines (orbax's notes on every read-only restore: "read_only=True,
+    setting save_interval_steps=0", "Metadata file does not exist") while reading a
+    checkpoint; errors still show. T5LITE_VERBOSE=1 keeps them."""
+    if os.environ.get("T5LITE_VERBOSE"):
+        yield
+        return
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

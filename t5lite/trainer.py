@@ -23,7 +23,7 @@ import optax
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from t5lite import checkpointing, losses, metrics_log, observe, optim, partitioning
+from t5lite import checkpointing, losses, metrics_log, observe, optim, partitioning, progress
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import peft
@@ -280,6 +280,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     try:
         state, start = ckpt.restore_latest(abstract, data_iter if tf_iter else None)
         logger = metrics_log.MetricsLogger(workdir, cfg.train.steps, start_step=start)
+        logger.write_config(config_lib.to_dict(cfg))  # TensorBoard: text + hparams
         try:
             return _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
                          data_iter, tf_iter, eval_iter_fn, started=started)
@@ -299,8 +300,9 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
     else:
         state, _ = create_train_state(cfg, model, mesh, tx)
         if cfg.checkpoint.init_from:
-            _, src = checkpointing.load_params(cfg.checkpoint.init_from,
-                                               step=cfg.checkpoint.init_step)
+            with progress.quiet_absl():  # orbax's read-only notes
+                _, src = checkpointing.load_params(cfg.checkpoint.init_from,
+                                                   step=cfg.checkpoint.init_step)
             params = checkpointing.merge_params(state.params, src, announce=logger.info)
             state, _ = create_train_state(cfg, model, mesh, tx, params=params)
             logger.info(f"initialised params from {cfg.checkpoint.init_from}")
