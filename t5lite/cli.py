@@ -105,6 +105,17 @@ def cmd_tasks(args):
 
 
 def cmd_data(args):
+    if args.data_dir:
+        os.environ["T5LITE_DATA_DIR"] = os.path.abspath(args.data_dir)
+    if args.action == "cache":
+        if not args.names:
+            raise UserError("`t5lite data cache` needs a task or mixture name, e.g. "
+                            "`t5lite data cache sentiment`.")
+        from t5lite.tasks import cache
+        for name in args.names:
+            cache.cache_task(name, splits=args.splits or (), cache_dir=args.cache_dir,
+                             num_shards=args.shards, force=args.force)
+        return
     from t5lite.tasks import local_data
     local_data.prepare(args.names or None, data_dir=args.data_dir or "", force=args.force)
 
@@ -239,14 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
              description="Build local corpora, finetuning sets and vocabularies (idempotent). "
              "Datasets: " + ", ".join(datasets) + "; quickstart = corpus, sentiment, "
              "vocab_sp8k.")
-    sp.add_argument("action", choices=["prepare"], help="build the named datasets")
+    sp.add_argument("action", choices=["prepare", "cache"],
+                    help="prepare: build the named datasets; cache: run the named seqio tasks' "
+                    "deterministic preprocessing (tokenizing) once into seqio's cache, which "
+                    "`--set data.use_cached=true` trains from")
     sp.add_argument("names", nargs="*", metavar="NAME",
-                    help="datasets to build (default: all): " + ", ".join(datasets)
-                    + ", quickstart")
+                    help="prepare: datasets to build (default: all): " + ", ".join(datasets)
+                    + ", quickstart; cache: tasks or mixtures")
+    sp.add_argument("--cache-dir", default="",
+                    help="cache: where to write (default: DATA_DIR/seqio_cache; then set "
+                    "data.cache_dir to it)")
+    sp.add_argument("--splits", nargs="+", help="cache: only these splits (default: all)")
+    sp.add_argument("--shards", type=int, default=1, help="cache: TFRecord files per split")
     sp.add_argument("--data-dir", default="",
                     help="where to build (default: $T5LITE_DATA_DIR or ~/.cache/t5lite)")
     sp.add_argument("--force", action="store_true",
-                    help="rebuild the named datasets even when they are up to date")
+                    help="rebuild the named datasets (or caches) even when up to date")
     sp.set_defaults(fn=cmd_data)
 
     sp = add("convert", "import/export Hugging Face T5, BERT, GPT-2 weights; merge LoRA",

@@ -120,6 +120,10 @@ class DataConfig:
     # by eval / infer, from the saved config): "my_tasks" (importable from the current
     # directory) or a path "path/to/my_tasks.py"
     task_modules: tuple = ()
+    # read the tasks' preprocessed data from `t5lite data cache` (seqio's cache format) in
+    # cache_dir ("" = <data dir>/seqio_cache) instead of tokenizing on the fly
+    use_cached: bool = False
+    cache_dir: str = ""
 
 
 @dataclasses.dataclass

@@ -224,7 +224,7 @@ def dataset_iterator(cfg, split: str, shuffle: bool, num_epochs=None):
         architecture=cfg.model.architecture,
         batch_size=cfg.data.batch_size // jax.process_count(), split=split, shuffle=shuffle,
         seed=cfg.data.seed, pack=cfg.data.pack, shard_info=partitioning.shard_info(),
-        num_epochs=num_epochs)
+        num_epochs=num_epochs, use_cached=cfg.data.use_cached, cache_dir=cfg.data.cache_dir)
     return iter(ds)
 
 
