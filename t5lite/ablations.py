@@ -411,7 +411,9 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     tasks = tuple(tasks) or table.tasks
     _check_tasks(tasks)
     results = {}
-    for row in selected:
+    from t5lite import progress  # rows done / to do (a bar, or plain lines in a log file)
+    for row in progress.bar(selected, desc=f"ablate {table.name}", unit="row",
+                            disable=dry_run):
         pre, fts = plan_row(table, row, workdir, tasks, scale, overrides)
         row_dir = _join(workdir, table.name, row.name)
         title = f"# {table.name} / {row.name}: {' | '.join(row.label)}"
