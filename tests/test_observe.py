@@ -21,7 +21,8 @@ def _rows(workdir, split="train"):
     return [r for r in rows if r["split"] == split]
 
 
-def test_profile_window_writes_a_trace_and_goodput_survives_a_resume(tmp_path, capsys):
+def test_profile_window_writes_a_trace_and_goodput_survives_a_resume(tmp_path, capsys,
+                                                                    caplog):
     cfg = tiny_config()
     cfg.train.steps, cfg.train.profile_steps = 4, "1:3"
     cfg.checkpoint.every_steps = 2
@@ -62,6 +63,20 @@ def test_profile_window_writes_a_trace_and_goodput_survives_a_resume(tmp_path, c
     s = acc["summary"]
     assert s["restarts"] == 1 and s["lost_s"] == pytest.approx(100.0, abs=1.0)
     assert s["wall_s"] > 100 and s["goodput"] < 0.5
+
+    # a corrupt newest checkpoint: eval / infer fall back with one warning line (not
+    # TensorStore's spec) and no orbax absl notes
+    import logging
+    from t5lite import checkpointing, evaluation
+    for f in glob.glob(os.path.join(workdir, "checkpoints", "6", "params", "ocdbt.process_0",
+                                    "d", "*")):
+        with open(f, "wb") as fh:
+            fh.write(b"garbage")
+    caplog.set_level(logging.INFO)
+    with progress.quiet_absl():
+        checkpointing.load_params(workdir)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "\n" not in warned[0] and "checkpoints/6" in warned[0], warned
 
 
 def test_profile_steps_must_be_a_window():
