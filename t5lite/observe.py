@@ -88,7 +88,7 @@ class RunClock:
         self.path = epath.Path(workdir) / GOODPUT_FILE
         self.started = time.time() if started is None else started
         self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.loop_t = self.loop_t0 = None
+        self.loop_t0 = None
         self.interval = dict.fromkeys(PHASES, 0.0)
         self.interval_t = time.time()
         self.interval_step = start_step
@@ -116,7 +116,7 @@ class RunClock:
     # -- phases
     def loop_started(self) -> None:
         """Start-up ends here (state, restore, compiling nothing yet, evaluator set up)."""
-        self.loop_t = self.loop_t0 = time.time()
+        self.loop_t0 = self.interval_t = time.time()
         self.seconds["startup"] = self.loop_t0 - self.started
 
     def add(self, phase: str, seconds: float) -> None:

@@ -67,7 +67,7 @@ def test_profile_window_writes_a_trace_and_goodput_survives_a_resume(tmp_path, c
     # a corrupt newest checkpoint: eval / infer fall back with one warning line (not
     # TensorStore's spec) and no orbax absl notes
     import logging
-    from t5lite import checkpointing, evaluation
+    from t5lite import checkpointing
     for f in glob.glob(os.path.join(workdir, "checkpoints", "6", "params", "ocdbt.process_0",
                                     "d", "*")):
         with open(f, "wb") as fh:
