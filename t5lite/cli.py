@@ -322,6 +322,8 @@ def main(argv=None) -> int:
         print(f"t5lite: error: {e}", file=sys.stderr)
         return 2
     _quiet_env()
+    from t5lite import progress
+    progress.drop_closed_event_loop_noise()  # orbax's leftovers after a fallback restore
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (already printed)

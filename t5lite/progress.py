@@ -105,3 +105,22 @@ def quiet_absl():
         yield
     finally:
         logger.setLevel(level)
+
+
+def drop_closed_event_loop_noise() -> None:
+    """After a fallback restore (orbax failed to read a corrupt checkpoint), orbax's pending
+    read coroutines are garbage-collected once their asyncio loop is closed, and Python prints
+    "Exception ignored in: <coroutine _read_array_index_and_device_put> ... RuntimeError: Event
+    loop is closed" tracebacks. They are harmless (the restore already fell back): drop those
+    and pass every other unraisable exception on. Installed once by the CLI."""
+    previous = sys.unraisablehook
+    if getattr(previous, "t5lite", False):
+        return
+
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, RuntimeError) and "Event loop is closed" in str(exc):
+            return
+        previous(unraisable)
+    hook.t5lite = True
+    sys.unraisablehook = hook

@@ -86,6 +86,18 @@ def test_profile_steps_must_be_a_window():
             observe.parse_steps(bad)
 
 
+def test_closed_event_loop_noise_is_dropped_and_other_unraisables_are_not(monkeypatch):
+    import sys
+    import types
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    progress.drop_closed_event_loop_noise()
+    progress.drop_closed_event_loop_noise()  # once only
+    for exc in (RuntimeError("Event loop is closed"), RuntimeError("other"), ValueError("x")):
+        sys.unraisablehook(types.SimpleNamespace(exc_value=exc, object=None))
+    assert [str(u.exc_value) for u in seen] == ["other", "x"]
+
+
 def test_progress_off_a_terminal_prints_plain_lines(monkeypatch):
     monkeypatch.setenv("T5LITE_PROGRESS_SECONDS", "0")
     buf = io.StringIO()  # not a TTY, like a SLURM .out file
