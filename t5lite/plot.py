@@ -122,14 +122,18 @@ def plot_runs(workdirs: Sequence[str], output: str, size: str = "1400x900",
     titles = ((ax_loss, "loss", "cross entropy"), (ax_acc, "token accuracy", "accuracy"),
               (ax_lr, "learning rate", "lr"),
               (ax_task, "task metrics (evaluation during training)", "value"))
+    from matplotlib.ticker import MaxNLocator
     for ax, title, ylabel in titles:
         ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
         if ax.lines:
+            ax.set_xlabel("step")
+            ax.set_ylabel(ylabel)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, not 2.5
+            ax.grid(True, alpha=0.3)
             ax.legend(loc="best")
         else:
+            ax.set_xticks([])
+            ax.set_yticks([])
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes,
                     color="gray", fontsize=12)
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
