@@ -630,7 +630,9 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     tasks = tuple(tasks) or _scale(scale).tasks or table.tasks
     _check_tasks(tasks)
     results = {}
-    for row in selected:
+    from t5lite import progress  # rows done / to do (a bar, or plain lines in a log file)
+    for row in progress.bar(selected, desc=f"ablate {table.name}", unit="row",
+                            disable=dry_run):
         per_ckpt = _per_checkpoint(scale, row)
         print(f"# {table.name} / {row.name}: {' | '.join(row.label)}", flush=True)
         runs, seconds, commands = {}, {}, []
@@ -847,4 +849,10 @@ def _write_table(table: Table, workdir: str) -> str:
     path = _join(workdir, table.name, "table.md")
     if jax.process_index() == 0:
         epath.Path(path).write_text(render(table, workdir) + "\n")
+        from t5lite import plot  # the same numbers as a chart: table.png
+        results = [(r, _read_json(_join(workdir, table.name, r.name, "result.json")) or {})
+                   for r in table.rows]
+        plot.ablation_chart(f"{table.name}: {table.caption}", [
+            (" ".join(r.label), res.get("metrics", {}), r.name == table.baseline)
+            for r, res in results], _join(workdir, table.name, "table.png"))
     return path

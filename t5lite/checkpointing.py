@@ -344,7 +344,8 @@ def load_params(path: str, abstract_params=None, step: int = -1):
             return cfg, ckptr.restore(params_dir, target)
         except Exception as e:  # noqa: BLE001
             last_err = e
-            log.warning("params at %s unreadable (%s); trying the previous step", params_dir, e)
+            log.warning("params at %s unreadable (%s: %s); trying the previous step", params_dir,
+                        type(e).__name__, str(e).splitlines()[0][:200])  # not TensorStore's spec
     raise UserError(f"no readable params under {path}: {last_err}")
 
 

@@ -124,6 +124,10 @@ class DataConfig:
     # run can resume on any process count that divides it or that it divides; 0 = the process
     # count of the run that started the workdir. Set it to the largest slice you may grow to.
     num_shards: int = 0
+    # read the tasks' preprocessed data from `t5lite data cache` (seqio's cache format) in
+    # cache_dir ("" = <data dir>/seqio_cache) instead of tokenizing on the fly
+    use_cached: bool = False
+    cache_dir: str = ""
 
 
 @dataclasses.dataclass
@@ -156,6 +160,8 @@ class TrainConfig:
     # local datasets built before training if missing (local_data.ensure_prepared), e.g.
     # ("corpus", "vocab_sp8k"); () = expect them prepared (`t5lite data prepare`)
     prepare_data: tuple = ()
+    # "A:B": jax.profiler trace of the steps after A up to B into WORKDIR/profile/ (process 0)
+    profile_steps: str = ""
 
 
 @dataclasses.dataclass

@@ -290,7 +290,9 @@ def family_of(m) -> str:
     if m.ffn not in ffns:
         bad.append(f"ffn={m.ffn!r} (needs one of {', '.join(ffns)})")
     if _peft_on(m):
-        bad.append("PEFT parameters present (merge LoRA / drop adapters before exporting)")
+        bad.append("PEFT parameters present (LoRA: merge it first with `t5lite convert "
+                   "merge-lora SRC MERGED`; prompts, prefixes, adapters and (IA)^3 have no Hugging "
+                   "Face counterpart)")
     if bad:
         raise UserError(f"this model cannot be exported as {fam}: " + "; ".join(bad) + ".")
     return fam
@@ -703,9 +705,33 @@ def read_hf_config(hf_dir: str) -> dict:
 
 def export_hf_command(src: str, dst: str) -> None:
     """`t5lite convert export SRC DST`: params-only dir / workdir / step dir -> HF dir."""
+    from t5lite import progress
     from t5lite.checkpointing import load_params
 
-    cfg, params = load_params(src)
+    with progress.quiet_absl():
+        cfg, params = load_params(src)
+    p = cfg.model.peft
+    if p.lora_rank and not (p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3):
+        merged = src.rstrip("/") + "_merged"
+        raise UserError(f"{src} is a LoRA run: merge LoRA into the base weights first with "
+                        f"`t5lite convert merge-lora {src} {merged}`, then `t5lite convert "
+                        f"export {merged} {dst}`.")
     t5lite_to_hf(cfg, params, dst)
     print(f"exported {src} as {config_to_hf(cfg.model)['architectures'][0]} -> {dst} "
           "(config.json + model.safetensors; load with from_pretrained)")
+
+
+def merge_lora_command(src: str, dst: str) -> None:
+    """`t5lite convert merge-lora SRC DST`: a LoRA checkpoint (anything load_params reads) ->
+    a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
+    infer and init_from."""
+    from t5lite import progress
+    from t5lite.checkpointing import load_params
+    from t5lite.models import peft
+
+    with progress.quiet_absl():
+        cfg, params = load_params(src)
+    cfg, params = peft.merge_lora(cfg, params)
+    save_params_dir(cfg, params, dst)
+    print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "
+          f"export it with `t5lite convert export {dst} HF_DIR`")

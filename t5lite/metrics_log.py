@@ -94,9 +94,9 @@ class MetricsLogger:
         self._truncate_after(start_step)
         self.tb = _summary_writer_cls()(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
         if progress_bar:
-            from tqdm import tqdm
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step",
-                            dynamic_ncols=True, smoothing=0.1)
+            from t5lite import progress  # plain lines instead of a bar in a log file
+            self.bar = progress.bar(total=total_steps, initial=start_step, unit="step",
+                                    desc="train", dynamic_ncols=True, smoothing=0.1)
         self.step = start_step
 
     def _truncate_after(self, step: int) -> None:
@@ -148,9 +148,29 @@ class MetricsLogger:
                         for k, f in show.items() if k in scalars}
                 post.setdefault("mfu", "n/a")  # no known device peak (CPU)
                 self.bar.set_postfix(post, refresh=True)
-            else:
+            elif prefix != "goodput":  # the trainer prints goodput as a sentence
                 self.bar.write(f"step {step} {prefix}: " + ", ".join(
                     f"{k}={v:.4g}" for k, v in scalars.items()))
+
+    def write_config(self, config: dict) -> None:
+        """The resolved config in TensorBoard: as text (Text tab) and as hparams (HParams tab,
+        against the train / eval loss), so runs can be told apart and compared."""
+        if self.tb is None:
+            return
+        from tensorboardX.summary import hparams
+        self.tb.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
+        flat = {}
+
+        def walk(d, prefix=""):
+            for k, v in d.items():
+                if isinstance(v, dict) and k != "feature_lengths":
+                    walk(v, f"{prefix}{k}.")
+                else:
+                    flat[prefix + k] = v if isinstance(v, (bool, int, float, str)) else str(v)
+        walk(config)
+        for summary in hparams(flat, {"train/loss": None, "eval/loss": None}):
+            self.tb._get_file_writer().add_summary(summary)
+        self.tb.flush()
 
     def info(self, msg: str) -> None:
         if self.enabled:

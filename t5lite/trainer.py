@@ -21,7 +21,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from t5lite import checkpointing, losses, metrics_log, optim, partitioning
+from t5lite import checkpointing, losses, metrics_log, observe, optim, partitioning, progress
+from t5lite import config as config_lib
 from t5lite import workdir as workdir_lib
 from t5lite.errors import Preempted, UserError
 from t5lite.models import peft
@@ -227,7 +228,8 @@ def train_iterator(cfg, workdir: str):
             cfg.data.mixture_or_task, feature_lengths=dict(cfg.data.feature_lengths),
             architecture=cfg.model.architecture, batch_size=batch_size,
             split=cfg.data.train_split, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
-            pack=cfg.data.pack, shard_info=shard_info)
+            pack=cfg.data.pack, shard_info=shard_info, use_cached=cfg.data.use_cached,
+            cache_dir=cfg.data.cache_dir)
 
     return pipeline.ShardedBatches(make_dataset, num_shards, cfg.data.batch_size,
                                    jax.process_index(), jax.process_count())
@@ -241,7 +243,7 @@ def dataset_iterator(cfg, split: str, shuffle: bool, num_epochs=None):
         architecture=cfg.model.architecture,
         batch_size=cfg.data.batch_size // jax.process_count(), split=split, shuffle=shuffle,
         seed=cfg.data.seed, pack=cfg.data.pack, shard_info=partitioning.shard_info(),
-        num_epochs=num_epochs)
+        num_epochs=num_epochs, use_cached=cfg.data.use_cached, cache_dir=cfg.data.cache_dir)
     return iter(ds)
 
 
@@ -295,6 +297,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     anything is written (allow_config_change lets the safe keys through, workdir.SAFE_KEYS).
     Raises errors.Preempted after saving a checkpoint on SIGTERM.
     """
+    started = time.time()  # goodput: start-up counts from here (observe.RunClock)
     partitioning.initialize_multihost(cfg.mesh)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
@@ -339,9 +342,10 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
         if rewrite:  # only now: the checkpoints it describes have been read with it
             write_config(cfg, workdir)
         logger = metrics_log.MetricsLogger(workdir, cfg.train.steps, start_step=start)
+        logger.write_config(config_lib.to_dict(cfg))  # TensorBoard: text + hparams
         try:
             return _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
-                         data_iter, tf_iter, eval_iter_fn, preemption)
+                         data_iter, tf_iter, eval_iter_fn, preemption, started=started)
         finally:
             logger.close()
     finally:
@@ -415,15 +419,18 @@ def _no_space_message(workdir: str) -> str:
 
 
 def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt, data_iter,
-          tf_iter, eval_iter_fn, preemption=None):
+          tf_iter, eval_iter_fn, preemption=None, started=None):
+    watch = observe.RunClock(ckpt.workdir, start, enabled=logger.enabled, started=started)
+    prof = observe.Profiler(cfg.train.profile_steps, ckpt.workdir, logger.info)
     if state is not None:
         logger.info(f"resumed from {ckpt.dir}/{start}"
                     + ("" if tf_iter else " (data iterator position not restored: not tf.data)"))
     else:
         state, _ = create_train_state(cfg, model, mesh, tx)
         if cfg.checkpoint.init_from:
-            _, src = checkpointing.load_params(cfg.checkpoint.init_from,
-                                               step=cfg.checkpoint.init_step)
+            with progress.quiet_absl():  # orbax's read-only notes
+                _, src = checkpointing.load_params(cfg.checkpoint.init_from,
+                                                   step=cfg.checkpoint.init_step)
             params = checkpointing.merge_params(state.params, src, announce=logger.info)
             state, _ = create_train_state(cfg, model, mesh, tx, params=params)
             logger.info(f"initialised params from {cfg.checkpoint.init_from}")
@@ -476,10 +483,13 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
             m["steps_per_s"] = n / dt
             if peak:
                 m["mfu"] = flops * n / dt / (peak * mesh.size)
+            m.update(watch.interval_metrics(step))  # data wait / compute / checkpoint, goodput
             logger.write(step, m)
+            watch.save(step)
             clock.update(t=now, step=step, tokens=0)
 
     pending = None
+    watch.loop_started()
     for step in range(start, total):
         if preemption is not None and preemption.reached(step):
             if pending is not None:
@@ -487,35 +497,57 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
             if last_ckpt != step or ckpt.latest_step() is None:  # (a fresh run at step 0)
                 ckpt.save(step, state, data_iter if tf_iter else None)
                 peft.save_with_checkpoint(cfg, ckpt.workdir, step, state.params)
+                watch.checkpoint_saved(step)
             ckpt.wait()  # committed on every host before the exit code says "saved"
+            watch.save(step)  # goodput: the time up to the preemption counts
             raise Preempted(step)
+        prof.before_step(step)
+        t_data = time.time()
         try:
             host = _to_numpy(next(data_iter))
         except StopIteration:
             raise UserError(f"training data ran out at step {step} of {total}; use "
                             "num_epochs=None (repeat) or fewer train.steps") from None
-        state, metrics = train_step(state, partitioning.global_batch(host, bsh))
+        batch = partitioning.global_batch(host, bsh)
+        watch.add("data", time.time() - t_data)
+        step_fn = train_step if step > start else watch.compiling(train_step, logger.info)
+        with prof.annotate(step):
+            state, metrics = step_fn(state, batch)
+        prof.after_step(step + 1, metrics)
         if pending is not None:  # read the previous step's metrics while this one runs
             flush(*pending)
         pending = (step + 1, metrics, _count_tokens(host))
         if ckpt.should_save(step + 1, total):
             flush(*pending)
             pending = None
+            t_ckpt = time.time()
             ckpt.save(step + 1, state, data_iter if tf_iter else None)
             peft.save_with_checkpoint(cfg, ckpt.workdir, step + 1, state.params)
             last_ckpt = step + 1
+            watch.add("checkpoint", time.time() - t_ckpt)
+            watch.checkpoint_saved(step + 1)
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < total:
-            final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
-                                   eval_iter_fn))
+            with watch.phase("eval"):
+                final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
+                                       eval_iter_fn))
         if task_eval is not None and step + 1 < total and task_eval.due(step + 1, total):
-            final.update(task_eval(step + 1, state.params))
+            with watch.phase("eval"):
+                final.update(task_eval(step + 1, state.params))
     if pending is not None:
         flush(*pending)
-    if total > start or not final:
-        final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, max(total, start),
-                               eval_iter_fn))
-    if task_eval is not None and total > start:
-        final.update(task_eval(total, state.params))
+    prof.stop(state)
+    with watch.phase("eval"):
+        if total > start or not final:
+            final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, max(total, start),
+                                   eval_iter_fn))
+        if task_eval is not None and total > start:
+            final.update(task_eval(total, state.params))
+    end = max(total, start)
+    watch.save(end)
+    logger.info(watch.report(end))
+    summary = watch.summary(end)
+    logger.write(end, summary, prefix="goodput")
+    final["goodput"] = summary["goodput"]
     return final
 
 

@@ -73,13 +73,16 @@ def get_dataset(mixture_or_task: str, feature_lengths: Mapping[str, int], archit
                 batch_size: int, split: str = "train", shuffle: bool = True, seed: int = 0,
                 pack: bool = True, shard_info: Optional[seqio.ShardInfo] = None,
                 num_epochs: Optional[int] = None, drop_remainder: bool = True,
-                data_dir: str = "") -> tf.data.Dataset:
+                data_dir: str = "", use_cached: bool = False,
+                cache_dir: str = "") -> tf.data.Dataset:
     """Batched, feature-converted examples for this process (CONTRACTS.md batch keys).
 
     ``batch_size`` is per process; ``shard_info`` (seqio.ShardInfo(process_index,
     process_count)) gives each process a disjoint part. ``num_epochs=None`` repeats forever
     (training); evaluation passes 1. The same seed gives the same batches (shuffling and every
     random preprocessor are seeded). ``data_dir`` overrides $T5LITE_DATA_DIR for this process.
+    ``use_cached``: read the output of `t5lite data cache` (seqio's cache format) from
+    ``cache_dir`` (default <data dir>/seqio_cache) instead of preprocessing on the fly.
     """
     if data_dir:
         os.environ["T5LITE_DATA_DIR"] = data_dir
@@ -103,9 +106,12 @@ def get_dataset(mixture_or_task: str, feature_lengths: Mapping[str, int], archit
                         f"{', '.join(provider.splits)}.")
     # Per-example labels have no length; seqio would try to trim them.
     source_lengths = {k: v for k, v in lengths.items() if k not in converters.EXAMPLE_EXTRAS}
+    if use_cached:
+        from t5lite.tasks import cache
+        cache.check_cached(mixture_or_task, cache_dir)
     ds = provider.get_dataset(source_lengths, split=split, shuffle=shuffle, seed=seed,
                               shard_info=shard_info, num_epochs=num_epochs,
-                              use_cached=False)
+                              use_cached=use_cached)
     ds = converter(ds, lengths)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)

@@ -208,6 +208,7 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
         seqio.preprocessors.tokenize]
     if max_tokens:
         pre.append(functools.partial(objectives.limit_tokens, max_tokens=max_tokens, key=key))
+    pre.append(seqio.CacheDatasetPlaceholder())  # `t5lite data cache`: tokenized text, once
     pre += list(steps)
     if not layout.startswith("bert"):
         pre.append(seqio.preprocessors.append_eos_after_trim)
