@@ -102,10 +102,15 @@ def assert_kept(before: dict, workdir, moved_step=None, metrics_upto=None, old_r
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_dir):
-    """A 4-step run: checkpoints 2, 4; data_state 2, 4; metrics lines 1-4."""
+    """A 4-step run: checkpoints 2, 4; data_state 2, 4; metrics lines 1-4; and the copies of
+    worker logs launch/tpu_job.sh keeps in a workdir (every case's snapshot checks that no
+    guard or damage handling touches them)."""
     wd = tmp_path_factory.mktemp("trained") / "run"
     assert cli.main(train_args(wd)) == 0
     assert sorted(os.listdir(wd / "checkpoints")) == ["2", "4"]
+    logs = wd / "worker_logs" / "20260101T000000Z"
+    logs.mkdir(parents=True)
+    (logs / "worker-0.log").write_text("=== t5lite job on worker 0\npreempted at step 2\n")
     return wd
 
 
@@ -245,6 +250,64 @@ def test_stale_lock_of_a_dead_process_is_taken_over(wd, capsys):
     assert code == 0, out[-3000:]
     assert f"took over the lock of a run that is gone (pid {dead.pid}" in out
     assert snapshot(wd) == before and not os.path.exists(wd / ".lock")
+
+
+LEASE_HOLD = (
+    "import socket, sys, time\nsocket.gethostname = lambda: 'old-worker'  # another VM\n"
+    "from t5lite.workdir import WorkdirLock\n"
+    "WorkdirLock(sys.argv[1], lease_seconds=1.2, use_flock=False).acquire()\n"
+    "print('locked', flush=True)\ntime.sleep(120)\n")
+
+
+def test_lease_lock_a_preempted_holder_on_another_host_is_taken_over(tmp_path, capsys):
+    """The gs:// lock (a lease, here on a local path): a live holder on another host keeps it
+    by its heartbeat and is refused at once; once it is killed (its slice preempted and
+    recreated under other host names) a rerun waits for the lease to run out and takes the
+    lock over, naming the old holder."""
+    from t5lite.errors import UserError
+    from t5lite.workdir import WorkdirLock
+    holder = subprocess.Popen([sys.executable, "-c", LEASE_HOLD, str(tmp_path)], cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        time.sleep(2.0)  # longer than the lease: only the heartbeat keeps it
+        with pytest.raises(UserError, match=rf"pid {holder.pid} on host old-worker.*last "
+                           r"heartbeat \ds ago.*expires 1s after its last heartbeat"):
+            WorkdirLock(str(tmp_path), lease_seconds=60, use_flock=False).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.6)  # the dead holder has missed beats (every 0.2 s) but its lease is not over
+    last_beat = json.loads((tmp_path / ".lock").read_text())["heartbeat"]
+    capsys.readouterr()
+    lock = WorkdirLock(str(tmp_path), lease_seconds=1.2, use_flock=False).acquire()
+    assert time.time() >= last_beat + 1.2  # not before the lease ran out
+    assert re.search(rf"no heartbeat for \ds \(pid {holder.pid} on host old-worker\): "
+                     r"waiting up to \ds", capsys.readouterr().out)
+    assert lock.took_over["pid"] == holder.pid and lock.took_over["host"] == "old-worker"
+    assert re.search(rf"took over the lock of a run that is gone \(pid {holder.pid} on "
+                     r"old-worker, .*no heartbeat for \ds\)", lock.takeover_line())
+    try:  # this holder's own heartbeat keeps the next one out
+        time.sleep(1.6)
+        with pytest.raises(UserError, match=f"pid {os.getpid()} on host "):
+            WorkdirLock(str(tmp_path), lease_seconds=1.2, use_flock=False).acquire()
+    finally:
+        lock.release()
+    assert os.listdir(tmp_path) == []  # the lock is gone, and no heartbeat temp file is left
+
+
+def test_lease_lock_dead_pid_on_this_host_is_taken_over_at_once(tmp_path):
+    from t5lite.workdir import WorkdirLock
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(json.dumps({
+        "host": os.uname().nodename, "pid": dead.pid, "started": "2026-01-01T00:00:00Z",
+        "heartbeat": time.time(), "lease_seconds": 600}))
+    with WorkdirLock(str(tmp_path), use_flock=False) as lock:
+        assert lock.took_over["pid"] == dead.pid
+        assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    assert not os.path.exists(tmp_path / ".lock")
 
 
 # ---------------------------------------------------------------------------- item 1: flag
