@@ -290,7 +290,8 @@ def config_diff(old: dict, new: dict) -> dict:
     return out
 
 
-def _show(diff: dict, limit: int = 6) -> str:
+def format_diff(diff: dict, limit: int = 6) -> str:
+    """'key old -> new, ...' of a config_diff (the first `limit`)."""
     items = [f"{k} {v[0]!r} -> {v[1]!r}" for k, v in diff.items()]
     return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit
                                        else "")
@@ -314,7 +315,7 @@ def check_config(cfg, workdir: str, allow_change: bool = False) -> bool:
     unsafe = {k: v for k, v in diff.items() if not _matches(k, SAFE_KEYS)}
     if unsafe:
         raise UserError(
-            f"{workdir} was trained with another config: {_show(unsafe)}. Its checkpoints "
+            f"{workdir} was trained with another config: {format_diff(unsafe)}. Its checkpoints "
             "cannot continue under these changes: use a new --workdir (add --set "
             f"checkpoint.init_from={workdir} to start from its params), or rerun with the "
             "workdir's config.json"
@@ -322,7 +323,7 @@ def check_config(cfg, workdir: str, allow_change: bool = False) -> bool:
                "allowed with --allow-config-change)" if len(unsafe) < len(diff) else ""))
     if diff and not allow_change:
         raise UserError(
-            f"{workdir} was trained with another config: {_show(diff)}. To continue with "
+            f"{workdir} was trained with another config: {format_diff(diff)}. To continue with "
             "these changes rerun with --allow-config-change (the old config is kept as "
             "config.<n>.json), or use a new --workdir")
     return old != new

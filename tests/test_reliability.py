@@ -417,6 +417,37 @@ def test_convert_import_of_a_malformed_model_dir(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "dst" / "params")
 
 
+def test_quickstart_rerun_the_other_way_names_its_own_fix(tmp_path, data_dir, capsys):
+    """quickstart has no --allow-config-change / --set: a workdir made with (without) --fast
+    is refused naming the quickstart command that resumes it, before anything is written."""
+    from t5lite import quickstart
+    from t5lite import workdir as workdir_lib
+    from t5lite.errors import UserError
+    for made_fast in (True, False):
+        qs = tmp_path / f"qs_{made_fast}"
+        for cfg, stage in quickstart.stage_configs(str(qs), data_dir, made_fast, False):
+            workdir_lib.write_config(cfg, stage)  # what a run of that kind leaves
+        before = snapshot(qs)
+        again = " --fast" if made_fast else ""
+        with pytest.raises(UserError, match=(
+                rf"{qs} holds a quickstart run made {'with' if made_fast else 'without'} "
+                rf"--fast: rerun `t5lite quickstart --workdir {qs}{again}` to resume it")):
+            quickstart.run(str(qs), fast=not made_fast, data_dir=data_dir, prepare=False)
+        assert snapshot(qs) == before
+    # through the CLI: one line, exit 2
+    code, lines, out = run_cli(capsys, ["quickstart", "--workdir", tmp_path / "qs_True"])
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out, out[-2000:]
+    assert "--allow-config-change" not in lines[0] and "--fast` to resume it" in lines[0]
+    # a config edited since (neither way): another workdir, in quickstart's terms
+    path = tmp_path / "qs_False" / "pretrain" / "config.json"
+    edited = json.loads(path.read_text())
+    edited["model"]["d_ff"] = 96
+    path.write_text(json.dumps(edited))
+    with pytest.raises(UserError, match=r"pretrain was trained with another config \(model"
+                       r"\.d_ff 96 -> 384\): give `t5lite quickstart` another --workdir"):
+        quickstart.run(str(tmp_path / "qs_False"), data_dir=data_dir, prepare=False)
+
+
 # ---------------------------------------------------------------------------- item 3: SIGTERM
 
 
