@@ -448,6 +448,33 @@ def test_quickstart_rerun_the_other_way_names_its_own_fix(tmp_path, data_dir, ca
         quickstart.run(str(tmp_path / "qs_False"), data_dir=data_dir, prepare=False)
 
 
+def test_ablation_stages_use_the_trainers_config_diff(tmp_path):
+    """`t5lite ablate` refuses a stage workdir started with another config through the
+    trainer's diff: the keys with old -> new values; placement keys (mesh, remat) and keys
+    a config.json from an older t5lite lacks (their defaults) are no difference."""
+    from t5lite import ablations
+    from t5lite import config as config_lib
+    from t5lite import workdir as workdir_lib
+    from t5lite.errors import UserError
+
+    def stage(*overrides):
+        cfg = config_lib.load_config("quickstart", ["train.prepare_data=()", *overrides])
+        return ablations.Stage("pretrain", "quickstart", str(tmp_path / "pretrain"),
+                               list(overrides), cfg)
+
+    workdir_lib.write_config(stage().cfg, str(tmp_path / "pretrain"))
+    path = tmp_path / "pretrain" / "config.json"
+    older = json.loads(path.read_text())
+    del older["checkpoint"]["lock_lease_seconds"]  # a field added since
+    path.write_text(json.dumps(older))
+    ablations._check_same_config(stage())
+    ablations._check_same_config(stage("mesh.data=1", "model.remat=full"))
+    with pytest.raises(UserError, match=r"pretrain was started with a different config "
+                       r"\(train\.seed 0 -> 1, train\.steps 300 -> 8\)\. Use another "
+                       r"--workdir, or delete that directory to redo the stage"):
+        ablations._check_same_config(stage("train.seed=1", "train.steps=8"))
+
+
 # ---------------------------------------------------------------------------- item 3: SIGTERM
 
 
