@@ -540,12 +540,12 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
                                    eval_iter_fn))
         if task_eval is not None and total > start:
             final.update(task_eval(total, state.params))
-    end = max(total, start)
-    watch.save(end)
-    logger.info(watch.report(end))
-    summary = watch.summary(end)
-    logger.write(end, summary, prefix="goodput")
-    final["goodput"] = summary["goodput"]
+    if total > start:  # a rerun of a finished run trains nothing and leaves no trace
+        watch.save(total)
+        logger.info(watch.report(total))
+        summary = watch.summary(total)
+        logger.write(total, summary, prefix="goodput")
+        final["goodput"] = summary["goodput"]
     return final
 
 
