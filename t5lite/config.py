@@ -193,7 +193,7 @@ class EvalConfig:
 class DecodeConfig:
     """How predictions are generated (decoding.py): greedy, beam search, or sampling."""
 
-    method: str = "greedy"  # greedy | beam | sample
+    method: str = "greedy"  # greedy | beam | sample | self_consistency
     beams: int = 4
     alpha: float = 0.6  # beam length penalty ((5 + len) / 6) ** alpha (GNMT / T5); 0 = none
     temperature: float = 1.0  # sample: 0 = greedy
@@ -201,6 +201,7 @@ class DecodeConfig:
     top_p: float = 1.0  # sample: nucleus mass; 1.0 = all
     max_length: int = 64  # new tokens per example (EOS included)
     seed: int = 0
+    num_samples: int = 1  # self_consistency: answers sampled per input, then majority-voted
 
 
 @dataclasses.dataclass
@@ -391,7 +392,7 @@ CHOICES = {
     "optim.name": ("adafactor", "adamw", "adamw_rms_scaled"),
     "optim.schedule": ("rsqrt", "constant", "cosine", "linear"),
     "eval.best_mode": ("max", "min"),
-    "decode.method": ("greedy", "beam", "sample"),
+    "decode.method": ("greedy", "beam", "sample", "self_consistency"),
 }
 
 

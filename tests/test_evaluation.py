@@ -145,3 +145,17 @@ def test_decoder_only_eval_and_infer(data_dir, tmp_path):
     assert 0.0 <= final["eval/sentiment/accuracy"] <= 100.0
     _greedy_is_its_own_likelihood(wd, ["sst2 sentence: the one",
                                        "sst2 sentence: all of them were there"])
+
+
+def test_self_consistency_eval_through_overrides(workdir):
+    """decode.method=self_consistency votes over the task's postprocessed answers; one sample
+    per input scores exactly as plain sampling with the same seed."""
+    def run(*overrides):
+        cfg, model, params = evaluation.load(workdir, ["decode.temperature=2.0", *overrides])
+        return evaluation.evaluate(cfg, model, params, tasks=("sentiment",), max_examples=16)
+    sample = run("decode.method=sample")
+    assert run("decode.method=self_consistency", "decode.num_samples=1") == sample
+    voted = run("decode.method=self_consistency", "decode.num_samples=5")
+    assert 0.0 <= voted["sentiment/accuracy"] <= 100.0
+    with pytest.raises(UserError, match="num_samples"):
+        run("decode.method=self_consistency", "decode.num_samples=0")
