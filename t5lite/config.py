@@ -144,6 +144,8 @@ class TrainConfig:
     z_loss: float = 1e-4
     label_smoothing: float = 0.0
     loss_normalizing_factor: Optional[float] = None  # T5: e.g. 233472; None = num real targets
+    # decoder-only classification: + this * next-token LM loss on the inputs (GPT-1: 0.5)
+    aux_lm_weight: float = 0.0
     log_every: int = 10
     eval_every: int = 0  # 0 = only at the end
     eval_steps: int = 10
@@ -430,6 +432,10 @@ def validate(cfg: Config) -> None:
         raise UserError(f"model.mlm_predict_fraction={m.mlm_predict_fraction}: use 0 (logits "
                         "at every position) or a fraction in (0, 1] of the length with "
                         "architecture='encoder_only' (BERT MLM)")
+    if cfg.train.aux_lm_weight < 0 or (cfg.train.aux_lm_weight and (
+            m.num_classes <= 0 or m.architecture not in ("decoder_only", "prefix_lm"))):
+        raise UserError(f"train.aux_lm_weight={cfg.train.aux_lm_weight}: use 0, or a weight "
+                        ">= 0 (GPT-1: 0.5) with a decoder-only classifier (model.num_classes > 0)")
 
 
 def to_dict(cfg) -> dict:
