@@ -67,6 +67,12 @@ def cmd_quickstart(args):
 
 def cmd_eval(args):
     from t5lite import evaluation
+    if args.shots is not None:  # in-context few-shot prompting (fewshot.py)
+        from t5lite import fewshot
+        fewshot.fewshot_command(args.checkpoint, args.task, args.shots, args.split,
+                                args.max_examples, args.template, args.label_words,
+                                args.scoring, args.context_length, args.set or [])
+        return
     evaluation.eval_command(checkpoint=args.checkpoint, task=args.task, split=args.split,
                             max_examples=args.max_examples, overrides=args.set or [])
 
@@ -149,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--split", default="validation")
     sp.add_argument("--max-examples", type=int, default=0)
     sp.add_argument("--set", action="append", metavar="KEY=VALUE")
+    fs = sp.add_argument_group("in-context few-shot (GPT / T5 checkpoints, finetuning datasets)")
+    fs.add_argument("--shots", type=int, help="K demonstrations from the train split per prompt")
+    fs.add_argument("--template", default="", help="review, input_answer, it_was or a prompt "
+                    "with {input}")
+    fs.add_argument("--label-words", default="", help="e.g. negative=terrible,positive=great")
+    fs.add_argument("--scoring", default="rank", choices=["rank", "generate"])
+    fs.add_argument("--context-length", type=int, default=0, help="prompt tokens (0 = the "
+                    "checkpoint's feature length, capped by its learned positions)")
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("infer", help="write JSONL predictions for input lines")
