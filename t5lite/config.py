@@ -76,6 +76,9 @@ class ModelConfig:
     num_token_types: int = 0  # BERT segment (token type) embeddings
     nsp_head: bool = False  # BERT next-sentence prediction head (implies pooler)
     pooler: bool = False
+    # convert.py export target when the architecture has several: "RobertaForMaskedLM"
+    # (RoBERTa: BERT layers, positions offset by padding_idx + 1); "" = by architecture
+    hf_class: str = ""
     num_classes: int = 0  # >0 adds a classification head (see heads in architectures.py)
     num_token_classes: int = 0  # >0: per-token tagging head (BIO), "token_logits" [B, L, C]
     span_head: bool = False  # QA span extraction head: "start_logits" / "end_logits" [B, L]
