@@ -84,3 +84,23 @@ def test_roberta_base_preset():
     assert hf["max_position_embeddings"] == 514 and hf["type_vocab_size"] == 1
     # RoBERTa-base has 124.6M parameters with its 50265-token vocabulary and MLM head
     assert abs(count_params(m) - 124.6e6) < 0.2e6
+
+
+def test_mlm_data_is_drawn_again_every_epoch(data_dir):
+    """RoBERTa's dynamic masking: the MLM task's stateless seeds differ per repetition, so a
+    second epoch over the same split repeats no masked row of the first (static masking, as
+    in the original BERT data generation, would repeat all of them)."""
+    from t5lite.tasks import pipeline
+
+    def rows(epochs):
+        ds = pipeline.get_dataset("corpus_mlm_only", {"inputs": 32}, "encoder_only", 8,
+                                  split="validation", shuffle=False, seed=0, pack=False,
+                                  num_epochs=epochs, drop_remainder=False)
+        return [(x.tobytes(), w.tobytes()) for b in ds.as_numpy_iterator()
+                for x, w in zip(b["encoder_input_tokens"], b["encoder_loss_weights"])]
+    first = rows(1)
+    both = rows(2)
+    # the same seed: the same first epoch (its last row may join the next epoch's text)
+    assert both[:len(first) - 1] == first[:-1]
+    second = both[len(first):]
+    assert len(second) > 100 and not set(second) & set(first)
