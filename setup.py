@@ -22,6 +22,8 @@ setup(
         "sacrebleu>=2.4",
         "rouge-score>=0.1.2",
         "tensorboardX>=2.6",
+        "tensorboard>=2.16",  # `tensorboard --logdir WORKDIR` (scalars, config text, hparams)
+        "matplotlib>=3.8",  # `t5lite plot`, the ablation chart
         "tqdm>=4.66",
         "scipy>=1.11",
         "numpy>=1.26",

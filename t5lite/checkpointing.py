@@ -46,6 +46,27 @@ def abspath(path: str) -> str:
     return path if "://" in path else os.path.abspath(path)
 
 
+def write_atomic(path, text: str) -> None:
+    """Write `text` to a sibling temp file, then rename it over `path`: a crash or a full disk
+    leaves the old file whole (rename is atomic on POSIX; gs:// objects appear whole)."""
+    path = epath.Path(path)
+    tmp = path.parent / f".{path.name}.tmp"
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+
+
+def has_data_state(it) -> bool:
+    """The iterator's position can be checkpointed: pipeline.ShardedBatches or tf.data."""
+    return hasattr(it, "save_state") or _is_tf_iterator(it)
+
+
 def _is_tf_iterator(it) -> bool:
     try:
         import tensorflow as tf
@@ -85,6 +106,7 @@ class Checkpointer:
         self.dir = os.path.join(self.workdir, "checkpoints")
         self.data_dir = os.path.join(self.workdir, "data_state")
         self.cfg = ckpt_cfg
+        self.data_iter_dirty = False
         _configure_orbax()
         self.manager = ocp.CheckpointManager(
             self.dir,
@@ -100,7 +122,9 @@ class Checkpointer:
 
     def save(self, step: int, state, data_iter=None) -> None:
         """Save `state` (a TrainState) at `step`; the caller checked it is finite."""
-        if data_iter is not None and _is_tf_iterator(data_iter):
+        if data_iter is not None and hasattr(data_iter, "save_state"):
+            data_iter.save_state(os.path.join(self.data_dir, str(step)))
+        elif data_iter is not None and _is_tf_iterator(data_iter):
             import tensorflow as tf
             prefix = os.path.join(self.data_dir, str(step), f"process_{jax.process_index()}")
             tf.train.Checkpoint(iterator=data_iter).write(prefix)
@@ -133,10 +157,16 @@ class Checkpointer:
 
     def restore_latest(self, state_like, data_iter=None):
         """Restore the newest readable checkpoint onto the shardings of `state_like` (a TrainState
-        of arrays or ShapeDtypeStructs). Corrupt steps are moved to workdir/corrupt_checkpoints/
-        with a warning and the previous one is used. -> (state, step) or (None, 0)."""
+        of arrays or ShapeDtypeStructs), with the data iterator's position of the same step.
+        A step whose arrays or data state are damaged (or unreadable) is moved to
+        workdir/corrupt_checkpoints/ with a warning and the previous one is used; arrays of
+        other shapes or dtypes than `state_like` are a UserError, never "corruption".
+        -> (state, step) or (None, 0). Sets data_iter_dirty when data_iter was touched by a
+        failed restore and no step was restored (the caller makes a fresh one)."""
         abstract = _abstract(state_like)
+        self.data_iter_dirty = False
         for step in sorted(self.manager.all_steps(), reverse=True):
+            self._check_shapes(step, abstract)
             error = None
             try:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
@@ -151,38 +181,109 @@ class Checkpointer:
                 self._quarantine(step, error or RuntimeError(
                     "another host could not read its part of this checkpoint"))
                 continue
+            if data_iter is not None:
+                try:
+                    self.restore_data(step, data_iter)
+                except Exception as e:  # noqa: BLE001 - deleted, truncated, garbage ...
+                    error = e
+                    self.data_iter_dirty = True
+                if not _all_hosts_ok(error is None):
+                    self._quarantine(step, error or RuntimeError(
+                        "another host could not read its data iterator state"),
+                        what="data iterator state")
+                    continue
+            self.data_iter_dirty = False
             state = state_like.replace(step=restored.opt["step"], params=restored.params,
                                        opt_state=restored.opt["opt_state"])
-            if data_iter is not None:
-                self.restore_data(step, data_iter)
             return state, step
         return None, 0
 
-    def _quarantine(self, step: int, err: Exception) -> None:
-        msg = (f"checkpoint step {step} in {self.dir} is unreadable "
-               f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+    def _check_shapes(self, step: int, abstract) -> None:
+        """UserError when step's saved arrays have other shapes / dtypes than `abstract` (a
+        changed model or optimizer config). Unreadable metadata is left to the restore."""
+        absl_log = logging.getLogger("absl")
+        level = absl_log.level
+        absl_log.setLevel(logging.ERROR)  # "Metadata file does not exist" (a per-item file)
+        try:
+            with ocp.StandardCheckpointer() as reader:
+                saved = [reader.metadata(os.path.join(self.dir, str(step), item)).item_metadata
+                         .tree for item in ("params", "opt")]
+            saved = [(tuple(m.shape), np.dtype(m.dtype)) for m in jax.tree.leaves(saved)]
+        except Exception:  # noqa: BLE001 - damaged metadata: the restore decides
+            return
+        finally:
+            absl_log.setLevel(level)
+        want = {"params": abstract.params,
+                "opt": {"step": abstract.step, "opt_state": abstract.opt_state}}
+        want = [(tuple(a.shape), np.dtype(a.dtype)) for a in jax.tree.leaves(want)]
+        if sorted(saved, key=str) == sorted(want, key=str):
+            return
+        only_saved = sorted(set(saved) - set(want), key=str)[:3]
+        only_want = sorted(set(want) - set(saved), key=str)[:3]
+        fmt = lambda xs: ", ".join(f"{list(s)} {d}" for s, d in xs) or "-"  # noqa: E731
+        raise UserError(
+            f"checkpoint step {step} in {self.dir} holds arrays of other shapes or dtypes than "
+            f"this config's model and optimizer ({len(saved)} saved vs {len(want)} expected; "
+            f"only saved: {fmt(only_saved)}; only expected: {fmt(only_want)}): it was written "
+            "with another model.* / optim.* config. Use the workdir's config.json, or a new "
+            "--workdir with --set checkpoint.init_from=<this workdir>")
+
+    def _quarantine(self, step: int, err: Exception, what: str = "checkpoint") -> None:
+        msg = (f"checkpoint step {step} in {self.dir} is unreadable ({what}: "
+               f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}); "
                "falling back to the previous one")
         log.warning(msg)
         print(f"t5lite: warning: {msg}", flush=True)
+        failure = None
         if jax.process_index() == 0:
-            bad = epath.Path(self.workdir) / "corrupt_checkpoints"
-            bad.mkdir(parents=True, exist_ok=True)
-            (epath.Path(self.dir) / str(step)).rename(bad / f"{step}.{int(time.time())}")
+            failure = self._move_aside(step)
         if jax.process_count() > 1:  # the others list the steps only after the move
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices(f"t5lite_quarantine_{step}")
+        if not _all_hosts_ok(failure is None):
+            raise UserError(
+                f"checkpoint step {step} in {self.dir} is unreadable and could not be moved "
+                f"aside ({failure or 'on process 0'}); move it out of {self.dir} or fix its "
+                "permissions (chmod -R u+rwX), then rerun")
         self.manager.reload()
 
+    def _move_aside(self, step: int):
+        """checkpoints/<step> (and data_state/<step>) -> corrupt_checkpoints/<step>.<time>.
+        A directory without write permission (mode 000) cannot change parent, so it is then
+        renamed in place to checkpoints/<step>.unreadable.<time>, which orbax ignores.
+        -> None, or the error when neither worked."""
+        stamp = int(time.time())
+        src = epath.Path(self.dir) / str(step)
+        bad = epath.Path(self.workdir) / "corrupt_checkpoints"
+        try:
+            bad.mkdir(parents=True, exist_ok=True)
+            src.rename(bad / f"{step}.{stamp}")
+        except OSError:
+            try:
+                src.rename(epath.Path(self.dir) / f"{step}.unreadable.{stamp}")
+            except OSError as e:
+                return f"{type(e).__name__}: {e}"
+        data = epath.Path(self.data_dir) / str(step)
+        try:
+            if data.exists():
+                bad.mkdir(parents=True, exist_ok=True)
+                data.rename(bad / f"{step}.{stamp}.data_state")
+        except OSError:
+            pass  # a new save of this step overwrites it; nothing depends on it any more
+        return None
+
     def restore_data(self, step: int, data_iter) -> None:
-        prefix = os.path.join(self.data_dir, str(step), f"process_{jax.process_index()}")
+        """Raises when the step's data iterator state is missing or damaged."""
+        directory = os.path.join(self.data_dir, str(step))
+        if hasattr(data_iter, "restore_state"):
+            data_iter.restore_state(directory)
+            return
+        prefix = os.path.join(directory, f"process_{jax.process_index()}")
         if not _is_tf_iterator(data_iter):
             raise UserError("exact resume needs a tf.data iterator (from pipeline.get_dataset); "
                             f"got {type(data_iter).__name__}")
         if not epath.Path(prefix + ".index").exists():
-            raise UserError(
-                f"checkpoint step {step} has no data iterator state at {prefix} (written by "
-                "another number of processes?). Resume with the same process count, or start "
-                "a new workdir with checkpoint.init_from to keep only the params.")
+            raise FileNotFoundError(f"no data iterator state {prefix}.index")
         import tensorflow as tf
         tf.train.Checkpoint(iterator=data_iter).read(prefix).assert_consumed()
 
@@ -243,7 +344,8 @@ def load_params(path: str, abstract_params=None, step: int = -1):
             return cfg, ckptr.restore(params_dir, target)
         except Exception as e:  # noqa: BLE001
             last_err = e
-            log.warning("params at %s unreadable (%s); trying the previous step", params_dir, e)
+            log.warning("params at %s unreadable (%s: %s); trying the previous step", params_dir,
+                        type(e).__name__, str(e).splitlines()[0][:200])  # not TensorStore's spec
     raise UserError(f"no readable params under {path}: {last_err}")
 
 

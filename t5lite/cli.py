@@ -1,4 +1,4 @@
-"""The `t5lite` command: train, eval, infer, quickstart, models, tasks, data, convert, ablate.
+"""The `t5lite` command: train, eval, infer, quickstart, plot, models, tasks, data, convert, ablate.
 
 Each subcommand parses its flags here and calls one function in the module that owns the work,
 so this file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from t5lite.errors import UserError
+from t5lite.errors import Preempted, UserError
 
 
 def _quiet_env():
@@ -55,9 +55,17 @@ def _config(args):
 
 
 def cmd_train(args):
+    if args.print_config:  # the resolved config, checked, nothing trained
+        import json
+        from t5lite import config
+        print(json.dumps(config.to_dict(_config(args)), indent=2))
+        return
+    if not args.workdir:
+        raise UserError("`t5lite train` needs --workdir DIR (or --print-config to only show "
+                        "the resolved config).")
     from t5lite import trainer
     cfg = _config(args)
-    trainer.train(cfg, args.workdir)
+    trainer.train(cfg, args.workdir, allow_config_change=args.allow_config_change)
 
 
 def cmd_quickstart(args):
@@ -86,22 +94,34 @@ def cmd_infer(args):
 
 
 def cmd_models(args):
-    from t5lite.models import param_count_table
-    print(param_count_table(args.names or None))
+    from t5lite import listings
+    print(listings.models_table(args.names or ()))
 
 
 def cmd_tasks(args):
-    from t5lite.tasks import inspect
     if args.action == "list":
-        print(inspect.list_tasks())
+        from t5lite import listings
+        print(listings.tasks_table())
     else:
         if not args.name:
             raise UserError("`t5lite tasks show` needs a task or mixture name; "
                             "see `t5lite tasks list`.")
+        from t5lite.tasks import inspect
         print(inspect.show_task(args.name, split=args.split, num_examples=args.num_examples))
 
 
 def cmd_data(args):
+    if args.data_dir:
+        os.environ["T5LITE_DATA_DIR"] = os.path.abspath(args.data_dir)
+    if args.action == "cache":
+        if not args.names:
+            raise UserError("`t5lite data cache` needs a task or mixture name, e.g. "
+                            "`t5lite data cache sentiment`.")
+        from t5lite.tasks import cache
+        for name in args.names:
+            cache.cache_task(name, splits=args.splits or (), cache_dir=args.cache_dir,
+                             num_shards=args.shards, force=args.force)
+        return
     from t5lite.tasks import local_data
     local_data.prepare(args.names or None, data_dir=args.data_dir or "", force=args.force)
 
@@ -110,8 +130,18 @@ def cmd_convert(args):
     from t5lite import convert
     if args.direction == "import":
         convert.import_hf_command(args.src, args.dst)
+    elif args.direction == "merge-lora":
+        convert.merge_lora_command(args.src, args.dst)
     else:
         convert.export_hf_command(args.src, args.dst)
+
+
+def cmd_plot(args):
+    from t5lite import plot
+    out = args.output or (os.path.join(args.workdirs[0], "metrics.png")
+                          if len(args.workdirs) == 1 else "metrics.png")
+    plot.plot_runs(args.workdirs, out, size=args.size, labels=args.labels or ())
+    print(f"wrote {out}")
 
 
 def cmd_ablate(args):
@@ -119,105 +149,204 @@ def cmd_ablate(args):
     if args.list:
         print(ablations.list_tables())
         return
-    if not args.table or not args.workdir:
-        raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list).")
+    if not args.table or not (args.workdir or args.estimate or args.topology):
+        raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list, or "
+                        "--estimate).")
     def names(values):  # "--rows a b" and "--rows a,b" both work
         return [n for v in values or () for n in v.split(",") if n]
 
+    if args.estimate or args.topology:
+        ablations.estimate(args.table, rows=names(args.rows), tasks=names(args.tasks),
+                           scale=args.scale or "paper", overrides=args.set or [],
+                           seeds=args.seeds, topology=args.topology or "")
+        return
     ablations.run(args.table, args.workdir, rows=names(args.rows), tasks=names(args.tasks),
-                  scale=args.scale, overrides=args.set or [], dry_run=args.dry_run)
+                  scale=args.scale or "tiny", overrides=args.set or [], dry_run=args.dry_run,
+                  seeds=args.seeds)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default when it has a meaningful one (not None / "" / False)."""
+
+    def _get_help_string(self, action):
+        d = action.default
+        if d is None or d is False or d == "" or d is argparse.SUPPRESS or "default" in (
+                action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _TableChoices(list):
+    """The ablation tables, listed in --help. Any value passes argparse: `6` means table6, a
+    path to a .py is a table of yours, and ablations.load_table refuses an unknown name with
+    a suggestion (argparse's "invalid choice" has none)."""
+
+    def __contains__(self, value):
+        return True
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="t5lite", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    from t5lite import __version__
+    fmt = _HelpFormatter  # every option shows its default
+    p = argparse.ArgumentParser(prog="t5lite", description=__doc__.splitlines()[0],
+                                formatter_class=fmt)
+    p.add_argument("--version", action="version", version=f"t5lite {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add_config(sp):
-        sp.add_argument("--config", required=True,
-                        help="configs/NAME.py, a path, or a bare config name")
-        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set train.steps=100 (repeatable)")
+    def add(name, help, **kw):
+        return sub.add_parser(name, help=help, description=kw.pop("description", help),
+                              formatter_class=fmt, **kw)
 
-    sp = sub.add_parser("train", help="pretrain or finetune from a config")
-    add_config(sp)
-    sp.add_argument("--workdir", required=True, help="checkpoints, logs (local path or gs://)")
+    def add_set(sp, what="override a config field, e.g. --set train.steps=100 (repeatable)"):
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE", help=what)
+
+    sp = add("train", "pretrain or finetune from a config (resumes from WORKDIR)")
+    sp.add_argument("--config", required=True,
+                    help="configs/NAME.py, a path, or a bare config name")
+    add_set(sp)
+    sp.add_argument("--workdir", help="checkpoints, metrics.jsonl, TensorBoard events (local "
+                    "path or gs://); required unless --print-config")
+    sp.add_argument("--print-config", action="store_true",
+                    help="print the resolved config (file + --set, validated) as JSON and "
+                    "exit without training")
+    sp.add_argument("--allow-config-change", action="store_true",
+                    help="continue a workdir whose config.json differs in safe keys only "
+                    "(train.steps, optim.min_lr_ratio, log / eval / checkpoint cadence, eval.*, "
+                    "decode.*); the old config is kept as config.<n>.json")
     sp.set_defaults(fn=cmd_train)
 
-    sp = sub.add_parser("quickstart",
-                        help="prepare local data, pretrain a tiny T5, finetune it on sentiment")
-    sp.add_argument("--workdir", default="runs/quickstart")
+    sp = add("quickstart", "prepare local data, pretrain a tiny T5, finetune it on sentiment")
+    sp.add_argument("--workdir", default="runs/quickstart",
+                    help="where the pretrain/ and finetune/ runs and summary.json go")
     sp.add_argument("--fast", action="store_true", help="fewer steps (smoke test)")
     sp.set_defaults(fn=cmd_quickstart)
 
-    sp = sub.add_parser("eval", help="evaluate a checkpoint on a task with its metrics")
-    sp.add_argument("--checkpoint", required=True, help="a workdir or checkpoint step dir")
-    sp.add_argument("--task", required=True)
-    sp.add_argument("--split", default="validation")
-    sp.add_argument("--max-examples", type=int, default=0)
-    sp.add_argument("--set", action="append", metavar="KEY=VALUE")
+    sp = add("eval", "evaluate a checkpoint on a task with its metrics")
+    sp.add_argument("--checkpoint", required=True,
+                    help="a training workdir (latest step), a step dir, best/ or a params-only "
+                    "dir (convert import, merge-lora)")
+    sp.add_argument("--task", required=True,
+                    help="seqio task or mixture with metrics (see `t5lite tasks list`)")
+    sp.add_argument("--split", default="validation", help="the task's split to evaluate")
+    sp.add_argument("--max-examples", type=int, default=0,
+                    help="evaluate only the first N examples (0 = all)")
+    add_set(sp, "override a field of the checkpoint's config, e.g. decode.method=beam "
+            "(repeatable)")
     fs = sp.add_argument_group("in-context few-shot (GPT / T5 checkpoints, finetuning datasets)")
-    fs.add_argument("--shots", type=int, help="K demonstrations from the train split per prompt")
+    fs.add_argument("--shots", type=int, help="K demonstrations from the train split per prompt "
+                    "(default: no few-shot prompting, the task's own evaluation)")
     fs.add_argument("--template", default="", help="review, input_answer, it_was or a prompt "
-                    "with {input}")
-    fs.add_argument("--label-words", default="", help="e.g. negative=terrible,positive=great")
-    fs.add_argument("--scoring", default="rank", choices=["rank", "generate"])
-    fs.add_argument("--context-length", type=int, default=0, help="prompt tokens (0 = the "
-                    "checkpoint's feature length, capped by its learned positions)")
+                    "with {input} (default: the task's, review for sentiment)")
+    fs.add_argument("--label-words", default="", help="e.g. negative=terrible,positive=great "
+                    "(default: the label names)")
+    fs.add_argument("--scoring", default="rank", choices=["rank", "generate"],
+                    help="rank: the label word with the highest log-likelihood (default); "
+                    "generate: decode and match the label words")
+    fs.add_argument("--context-length", type=int, default=0, help="prompt tokens (default 0: "
+                    "the checkpoint's feature length, capped by its learned positions)")
     sp.set_defaults(fn=cmd_eval)
 
-    sp = sub.add_parser("infer", help="write JSONL predictions for input lines")
-    sp.add_argument("--checkpoint", required=True)
+    sp = add("infer", "write JSONL predictions for input lines")
+    sp.add_argument("--checkpoint", required=True,
+                    help="a training workdir, step dir, best/ or params-only dir")
     sp.add_argument("--input", required=True, help="text file, one input per line, or -")
     sp.add_argument("--output", default="-", help="JSONL file or - for stdout")
-    sp.add_argument("--mode", default="predict", choices=["predict", "score", "rank"])
+    sp.add_argument("--mode", default="predict", choices=["predict", "score", "rank"],
+                    help="predict: decode; score: log-likelihood of 'input<TAB>target' "
+                    "lines; rank: pick the best of --options")
     sp.add_argument("--options", action="append",
                     help="rank mode: a candidate target (repeatable)")
     sp.add_argument("--prefix", default="",
                     help="the task's text-to-text prefix, put before every input line, e.g. "
                          "'sst2 sentence:' (`t5lite tasks show NAME` shows a task's inputs)")
-    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="decoding options, e.g. decode.method=beam decode.beams=4")
+    add_set(sp, "decoding options, e.g. decode.method=beam decode.beams=4 (repeatable)")
     sp.set_defaults(fn=cmd_infer)
 
-    sp = sub.add_parser("models", help="print each model config's parameter count")
+    sp = add("models", "print each model config's parameter count")
     sp.add_argument("names", nargs="*", help="config names (default: all model configs)")
     sp.set_defaults(fn=cmd_models)
 
-    sp = sub.add_parser("tasks", help="list tasks / show preprocessed examples")
-    sp.add_argument("action", choices=["list", "show"])
-    sp.add_argument("name", nargs="?")
-    sp.add_argument("--split", default="train")
-    sp.add_argument("--num-examples", type=int, default=3)
+    sp = add("tasks", "list tasks (and whether their data is prepared) / show examples")
+    sp.add_argument("action", choices=["list", "show"],
+                    help="list: every task and mixture; show: decoded examples of NAME")
+    sp.add_argument("name", nargs="?", help="show: the task or mixture")
+    sp.add_argument("--split", default="train", help="show: the split to read")
+    sp.add_argument("--num-examples", type=int, default=3, help="show: how many examples")
     sp.set_defaults(fn=cmd_tasks)
 
-    sp = sub.add_parser("data", help="fetch and build local corpora, finetuning sets, vocabs")
-    sp.add_argument("action", choices=["prepare"])
-    sp.add_argument("names", nargs="*", help="datasets to build (default: all)")
-    sp.add_argument("--data-dir", default="")
-    sp.add_argument("--force", action="store_true")
+    from t5lite import listings
+    datasets = listings.dataset_names()
+    sp = add("data", "build local corpora, finetuning sets and vocabularies",
+             description="Build local corpora, finetuning sets and vocabularies (idempotent). "
+             "Datasets: " + ", ".join(datasets) + "; quickstart = corpus, sentiment, "
+             "vocab_sp8k.")
+    sp.add_argument("action", choices=["prepare", "cache"],
+                    help="prepare: build the named datasets; cache: run the named seqio tasks' "
+                    "deterministic preprocessing (tokenizing) once into seqio's cache, which "
+                    "`--set data.use_cached=true` trains from")
+    sp.add_argument("names", nargs="*", metavar="NAME",
+                    help="prepare: datasets to build (default: all): " + ", ".join(datasets)
+                    + ", quickstart; cache: tasks or mixtures")
+    sp.add_argument("--cache-dir", default="",
+                    help="cache: where to write (default: DATA_DIR/seqio_cache; then set "
+                    "data.cache_dir to it)")
+    sp.add_argument("--splits", nargs="+", help="cache: only these splits (default: all)")
+    sp.add_argument("--shards", type=int, default=1, help="cache: TFRecord files per split")
+    sp.add_argument("--data-dir", default="",
+                    help="where to build (default: $T5LITE_DATA_DIR or ~/.cache/t5lite)")
+    sp.add_argument("--force", action="store_true",
+                    help="rebuild the named datasets (or caches) even when up to date")
     sp.set_defaults(fn=cmd_data)
 
-    sp = sub.add_parser("convert", help="import/export Hugging Face T5, BERT, GPT-2 weights")
-    sp.add_argument("direction", choices=["import", "export"])
-    sp.add_argument("src", help="import: local HF dir; export: t5lite checkpoint dir")
-    sp.add_argument("dst", help="import: t5lite checkpoint dir; export: HF dir")
+    sp = add("convert", "import/export Hugging Face T5, BERT, GPT-2 weights; merge LoRA",
+             description="import: a local Hugging Face dir -> a t5lite params-only checkpoint. "
+             "export: a t5lite checkpoint -> a Hugging Face dir (config.json + "
+             "model.safetensors). merge-lora: a LoRA run -> a params-only checkpoint of the "
+             "merged model (export that).")
+    sp.add_argument("direction", choices=["import", "export", "merge-lora"],
+                    help="what to convert")
+    sp.add_argument("src", help="import: local HF dir; export / merge-lora: t5lite checkpoint "
+                    "(workdir, step dir, best/ or params-only dir)")
+    sp.add_argument("dst", help="import / merge-lora: new t5lite checkpoint dir; export: HF dir")
     sp.set_defaults(fn=cmd_convert)
 
-    sp = sub.add_parser("ablate", help="reproduce a T5 paper ablation table (configs/ablations/)")
-    sp.add_argument("--table", help="e.g. table6 (see --list)")
-    sp.add_argument("--workdir", help="runs in WORKDIR/<table>/<row>/, WORKDIR/<table>/table.md")
+    sp = add("plot", "plot loss, accuracy, learning rate and eval curves to a PNG",
+             description="Plot metrics.jsonl of one or more workdirs (overlaid) to a PNG.")
+    sp.add_argument("workdirs", nargs="+", metavar="WORKDIR", help="`t5lite train` workdirs")
+    sp.add_argument("--output", "-o", default="",
+                    help="PNG path (default: WORKDIR/metrics.png for one run, ./metrics.png "
+                    "for several)")
+    sp.add_argument("--size", default="1400x900", help="WIDTHxHEIGHT in pixels")
+    sp.add_argument("--labels", nargs="+", help="legend names, one per workdir (default: the "
+                    "parts of the paths that differ)")
+    sp.set_defaults(fn=cmd_plot)
+
+    from t5lite import ablations
+    sp = add("ablate", "reproduce a T5 paper ablation table (configs/ablations/)")
+    sp.add_argument("--table", choices=_TableChoices(ablations.table_names()),
+                    help="the paper table (also `6`, or a path to a .py defining TABLE)")
+    sp.add_argument("--workdir", help="runs in WORKDIR/<table>/<row>/, WORKDIR/<table>/table.md "
+                    "and table.png")
     sp.add_argument("--rows", nargs="+", help="run only these rows, space- or comma-separated "
                     "(default: all)")
     sp.add_argument("--tasks", nargs="+", help="downstream tasks, space- or comma-separated "
                     "(default: the table's)")
-    sp.add_argument("--scale", default="tiny",
-                    help="tiny (CPU, default) or paper (T5 base, 2^18 steps)")
+    sp.add_argument("--scale", default=None, choices=list(ablations.SCALES),
+                    help="tiny (CPU smoke test; the default, but paper for --estimate), small "
+                    "(CPU study) or paper (T5 base, C4 + the paper's benchmarks, 2^19 + 2^18 "
+                    "steps)")
+    sp.add_argument("--seeds", type=int, default=1,
+                    help="run each row N times (seeds 0..N-1); the table shows mean ± std")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override for every row and stage (repeatable); "
                     "pretrain.KEY=V / finetune.KEY=V: one stage only")
     sp.add_argument("--dry-run", action="store_true",
                     help="print the `t5lite train` / `t5lite eval` commands, train nothing")
     sp.add_argument("--list", action="store_true", help="list the tables and their rows")
+    sp.add_argument("--estimate", action="store_true",
+                    help="print each row's training steps and tokens, train nothing")
+    sp.add_argument("--topology", help="with --estimate: also TPU-hours per row from "
+                    "`t5lite compile` on this slice, e.g. v5p-32")
     sp.set_defaults(fn=cmd_ablate)
     return p
 
@@ -230,8 +359,16 @@ def main(argv=None) -> int:
         print(f"t5lite: error: {e}", file=sys.stderr)
         return 2
     _quiet_env()
-    args = build_parser().parse_args(argv)
-    if args.fn not in (cmd_models, cmd_convert):  # the others read data through seqio / TF
+    from t5lite import progress
+    progress.drop_closed_event_loop_noise()  # orbax's leftovers after a fallback restore
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error (already printed)
+        return e.code if isinstance(e.code, int) else 2
+    light = (args.fn in (cmd_models, cmd_convert, cmd_plot)
+             or (args.fn is cmd_tasks and args.action == "list")  # cached (listings.py)
+             or (args.fn is cmd_train and args.print_config))
+    if not light:  # the others read data through seqio / TF
         _import_tensorflow_quietly()
     try:
         args.fn(args)
@@ -239,6 +376,10 @@ def main(argv=None) -> int:
         print(f"t5lite: error: {e}", file=sys.stderr)
         _exit_now_if_distributed(2)
         return 2
+    except Preempted as e:  # checkpoint saved: a supervisor reruns the same command
+        print(f"t5lite: {e}", file=sys.stderr)
+        _exit_now_if_distributed(e.EXIT_CODE)
+        return e.EXIT_CODE
     except BaseException:
         if _distributed():
             import traceback

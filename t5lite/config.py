@@ -123,6 +123,14 @@ class DataConfig:
     # by eval / infer, from the saved config): "my_tasks" (importable from the current
     # directory) or a path "path/to/my_tasks.py"
     task_modules: tuple = ()
+    # training data is read as this many seqio shards (tasks/pipeline.py ShardedBatches), so a
+    # run can resume on any process count that divides it or that it divides; 0 = the process
+    # count of the run that started the workdir. Set it to the largest slice you may grow to.
+    num_shards: int = 0
+    # read the tasks' preprocessed data from `t5lite data cache` (seqio's cache format) in
+    # cache_dir ("" = <data dir>/seqio_cache) instead of tokenizing on the fly
+    use_cached: bool = False
+    cache_dir: str = ""
 
 
 @dataclasses.dataclass
@@ -157,6 +165,8 @@ class TrainConfig:
     # local datasets built before training if missing (local_data.ensure_prepared), e.g.
     # ("corpus", "vocab_sp8k"); () = expect them prepared (`t5lite data prepare`)
     prepare_data: tuple = ()
+    # "A:B": jax.profiler trace of the steps after A up to B into WORKDIR/profile/ (process 0)
+    profile_steps: str = ""
 
 
 @dataclasses.dataclass
@@ -265,15 +275,38 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     spec = importlib.util.spec_from_file_location(
         "t5lite_config_" + os.path.basename(file)[:-3], file)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise UserError(f"{file} must define get_config() returning t5lite.config.Config.")
-    cfg = module.get_config()
+    try:
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise UserError(f"{file} must define get_config() returning t5lite.config.Config.")
+        cfg = module.get_config()
+    except UserError:
+        raise
+    except SyntaxError as e:
+        raise UserError(f"{e.filename or file}:{e.lineno}: syntax error in the config file: "
+                        f"{e.msg}. Fix that line.") from None
+    except Exception as e:  # noqa: BLE001 - NameError, ImportError ... inside the config file
+        raise UserError(f"{_error_location(e, file)}: {type(e).__name__}: {e}. Fix the config "
+                        "file there.") from None
     if not isinstance(cfg, Config):
         raise UserError(f"get_config() in {file} returned {type(cfg).__name__}, not Config.")
     cfg = apply_overrides(cfg, overrides)
     validate(cfg)
     return cfg
+
+
+def _error_location(err: BaseException, file: str) -> str:
+    """'path:line' of the innermost traceback frame inside a config file (the one named, or a
+    config file it imports), else the file."""
+    import traceback
+    frames = traceback.extract_tb(err.__traceback__)
+    root = os.path.dirname(os.path.abspath(file))
+    inside = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(file)
+              or os.path.abspath(f.filename).startswith(configs_dir() + os.sep)
+              or os.path.dirname(os.path.abspath(f.filename)) == root]
+    if inside:
+        return f"{inside[-1].filename}:{inside[-1].lineno}"
+    return file
 
 
 def apply_overrides(cfg: Config, overrides: typing.Sequence[str]) -> Config:
@@ -408,8 +441,73 @@ def get_by_path(cfg, key):
     return obj
 
 
+# Allowed range of every numeric field: (low, high), both inclusive; None = unbounded. Checked
+# at load, so a nonsense value fails in a second with its name, never after minutes of
+# compiling (log_every=0) or as a silent no-op (negative steps). Every float must be finite.
+RANGES = {
+    "model.vocab_size": (1, None), "model.d_model": (1, None), "model.num_heads": (1, None),
+    "model.head_dim": (1, None), "model.d_ff": (1, None), "model.num_encoder_layers": (0, None),
+    "model.num_decoder_layers": (0, None), "model.norm_eps": (0.0, None),
+    "model.max_length": (1, None), "model.relative_buckets": (1, None),
+    "model.relative_max_distance": (1, None), "model.num_token_types": (0, None),
+    "model.num_classes": (0, None), "model.num_token_classes": (0, None),
+    "model.scan_unroll": (0, None), "model.init_std": (0.0, None),
+    "model.rope_max_wavelength": (1e-9, None),
+    "model.peft.lora_rank": (0, None), "model.peft.prompt_tokens": (0, None),
+    "model.peft.prefix_tokens": (0, None), "model.peft.adapter_dim": (0, None),
+    "model.peft.unfreeze_every": (0, None), "model.peft.unfreeze_layers": (1, None),
+    "data.batch_size": (1, None), "data.seed": (0, None), "data.num_shards": (0, None),
+    "optim.learning_rate": (0.0, None), "optim.warmup_steps": (0, None),
+    "optim.weight_decay": (0.0, None), "optim.b1": (0.0, 1.0), "optim.b2": (0.0, 1.0),
+    "optim.eps": (0.0, None), "optim.clip_grad_norm": (0.0, None),
+    "optim.min_lr_ratio": (0.0, 1.0),
+    "train.steps": (0, None), "train.seed": (0, None), "train.grad_accum_steps": (1, None),
+    "train.z_loss": (0.0, None), "train.label_smoothing": (0.0, 0.999),
+    "train.loss_normalizing_factor": (1e-9, None), "train.log_every": (1, None),
+    "train.eval_every": (0, None), "train.eval_steps": (0, None), "train.peak_flops": (0.0, None),
+    "mesh.num_processes": (0, None), "mesh.process_id": (-1, None),
+    "checkpoint.every_steps": (0, None), "checkpoint.keep": (0, None),
+    "checkpoint.init_step": (-1, None),
+    "eval.every_steps": (0, None), "eval.max_examples": (0, None), "eval.batch_size": (1, None),
+    "decode.beams": (1, None), "decode.alpha": (0.0, None), "decode.temperature": (0.0, None),
+    "decode.top_k": (0, None), "decode.top_p": (1e-9, 1.0), "decode.max_length": (1, None),
+    "decode.seed": (0, None),
+}
+MEANING = {  # what 0 / -1 mean, for the error message
+    "checkpoint.every_steps": " (0 = only at the last step)", "checkpoint.keep": " (0 = all)",
+    "train.eval_every": " (0 = only at the end)", "checkpoint.init_step": " (-1 = latest)",
+    "mesh.process_id": " (-1 = discover)", "train.steps": "",
+}
+
+
+def _check_ranges(cfg: Config) -> None:
+    import math
+    for key in _all_keys(cfg):
+        value = get_by_path(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{key}={value} is not a finite number; give a finite value "
+                            f"(the default is {get_by_path(_DEFAULT, key)})")
+        lo, hi = RANGES.get(key, (None, None))
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            want = (f"between {lo} and {hi}" if lo is not None and hi is not None else
+                    f">= {lo}" if lo is not None else f"<= {hi}")
+            raise UserError(f"{key}={value} is out of range: it must be {want}"
+                            f"{MEANING.get(key, '')}. Fix the config or its --set override.")
+    for name, n in cfg.data.feature_lengths.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UserError(f"data.feature_lengths[{name!r}]={n!r} must be a positive integer")
+    for axis in ("data", "fsdp", "tensor"):
+        n = getattr(cfg.mesh, axis)
+        if n == 0 or n < -1:
+            raise UserError(f"mesh.{axis}={n}: use a positive size, or -1 for the remaining "
+                            "devices")
+
+
 def validate(cfg: Config) -> None:
     """Checks that need only the config (mesh/device checks live in partitioning.py)."""
+    _check_ranges(cfg)
     for key, choices in CHOICES.items():
         value = get_by_path(cfg, key)
         if value not in choices:
@@ -439,6 +537,9 @@ def validate(cfg: Config) -> None:
             m.num_classes <= 0 or m.architecture not in ("decoder_only", "prefix_lm"))):
         raise UserError(f"train.aux_lm_weight={cfg.train.aux_lm_weight}: use 0, or a weight "
                         ">= 0 (GPT-1: 0.5) with a decoder-only classifier (model.num_classes > 0)")
+
+
+_DEFAULT = Config()
 
 
 def to_dict(cfg) -> dict:

@@ -7,8 +7,8 @@ GPT2LMHeadModel; RobertaForMaskedLM (BERT layers without NSP / pooler; HF number
 from padding_idx + 1, so t5lite's position p is HF's row p + padding_idx + 1; exported with
 ``model.hf_class="RobertaForMaskedLM"``. RoBERTa's <s> is id 0, which t5lite's encoder treats
 as padding: feed t5lite inputs that start with a nonzero id). ``hf_to_t5lite`` maps the HF
-config.json onto a t5lite Config and every HF tensor onto the t5lite parameter tree (layout: t5lite/models/architectures.py docstring), for
-``scan_layers`` True (layers stacked on a leading axis) or False (``layers_0 ...``).
+config.json onto a t5lite Config and every HF tensor onto the t5lite parameter tree (layout:
+t5lite/models/architectures.py docstring), for ``scan_layers`` True (layers stacked on a leading axis) or False (``layers_0 ...``).
 ``t5lite_to_hf`` writes config.json + model.safetensors that ``from_pretrained`` loads.
 
 The mapping is one table of Rules per family: a t5lite path, an HF tensor name and its HF shape,
@@ -105,9 +105,7 @@ def read_hf_dir(hf_dir: str) -> tuple[dict, dict]:
     if not os.path.isfile(cfg_path):
         raise UserError(f"{hf_dir} has no config.json; it must be a Hugging Face model dir "
                         "written by save_pretrained (config.json + model.safetensors).")
-    with open(cfg_path) as f:
-        hf_cfg = json.load(f)
-    return hf_cfg, _read_tensors(hf_dir)
+    return read_hf_config(hf_dir), _read_tensors(hf_dir)
 
 
 def _read_tensors(hf_dir: str) -> dict:
@@ -115,8 +113,12 @@ def _read_tensors(hf_dir: str) -> dict:
     for index, fmt in (("model.safetensors.index.json", "safetensors"),
                        ("pytorch_model.bin.index.json", "torch")):
         if index in files:  # sharded checkpoint
-            with open(os.path.join(hf_dir, index)) as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
+            try:
+                with open(os.path.join(hf_dir, index)) as f:
+                    shards = sorted(set(json.load(f)["weight_map"].values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise UserError(f"{os.path.join(hf_dir, index)} is malformed ({type(e).__name__}:"
+                                f" {e}); it must be JSON with a weight_map") from None
             out = {}
             for shard in shards:
                 out.update(_read_file(os.path.join(hf_dir, shard), fmt))
@@ -131,6 +133,21 @@ def _read_tensors(hf_dir: str) -> dict:
 
 
 def _read_file(path: str, fmt: str) -> dict:
+    if not os.path.isfile(path):
+        raise UserError(f"weights file {path} is missing; re-save the model with "
+                        "save_pretrained")
+    try:
+        return _read_weights(path, fmt)
+    except (UserError, ImportError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - truncated, garbage, wrong format ...
+        first = (str(e).splitlines() or [""])[0][:160]
+        raise UserError(f"{path} is not a readable {fmt} weights file ({type(e).__name__}: "
+                        f"{first}); re-download it or re-save the model with "
+                        "save_pretrained") from None
+
+
+def _read_weights(path: str, fmt: str) -> dict:
     if fmt == "torch":
         try:
             import torch
@@ -325,7 +342,9 @@ def family_of(m) -> str:
     if m.ffn not in ffns:
         bad.append(f"ffn={m.ffn!r} (needs one of {', '.join(ffns)})")
     if _peft_on(m):
-        bad.append("PEFT parameters present (merge LoRA / drop adapters before exporting)")
+        bad.append("PEFT parameters present (LoRA: merge it first with `t5lite convert "
+                   "merge-lora SRC MERGED`; prompts, prefixes, adapters and (IA)^3 have no Hugging "
+                   "Face counterpart)")
     if bad:
         raise UserError(f"this model cannot be exported as {fam}: " + "; ".join(bad) + ".")
     return fam
@@ -584,7 +603,12 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     tensors = _normalize_names(family, tensors)
     if family == "roberta":
         tensors, family = _roberta_to_bert(tensors, _roberta_offset(hf_cfg)), "bert"
-    cfg = config_from_hf(hf_cfg, tensors, scan_layers)
+    try:
+        cfg = config_from_hf(hf_cfg, tensors, scan_layers)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{hf_dir}/config.json is malformed for {family} ({type(e).__name__}: "
+                        f"{e}); it must be the config.json save_pretrained wrote with these "
+                        "weights") from None
     m = cfg.model
     if family == "t5" and not m.tie_embeddings:
         if "lm_head.weight" not in tensors:  # unscaled head saved as tied (transformers 5.x)
@@ -736,15 +760,48 @@ def import_hf_command(src: str, dst: str) -> None:
 
 
 def read_hf_config(hf_dir: str) -> dict:
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        return json.load(f)
+    path = os.path.join(hf_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            hf_cfg = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise UserError(f"{path} is not valid JSON ({e}); it must be the config.json that "
+                        "save_pretrained wrote") from None
+    if not isinstance(hf_cfg, dict):
+        raise UserError(f"{path} holds a JSON {type(hf_cfg).__name__}, not an object; it must "
+                        "be the config.json that save_pretrained wrote")
+    return hf_cfg
 
 
 def export_hf_command(src: str, dst: str) -> None:
     """`t5lite convert export SRC DST`: params-only dir / workdir / step dir -> HF dir."""
+    from t5lite import progress
     from t5lite.checkpointing import load_params
 
-    cfg, params = load_params(src)
+    with progress.quiet_absl():
+        cfg, params = load_params(src)
+    p = cfg.model.peft
+    if p.lora_rank and not (p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3):
+        merged = src.rstrip("/") + "_merged"
+        raise UserError(f"{src} is a LoRA run: merge LoRA into the base weights first with "
+                        f"`t5lite convert merge-lora {src} {merged}`, then `t5lite convert "
+                        f"export {merged} {dst}`.")
     t5lite_to_hf(cfg, params, dst)
     print(f"exported {src} as {config_to_hf(cfg.model)['architectures'][0]} -> {dst} "
           "(config.json + model.safetensors; load with from_pretrained)")
+
+
+def merge_lora_command(src: str, dst: str) -> None:
+    """`t5lite convert merge-lora SRC DST`: a LoRA checkpoint (anything load_params reads) ->
+    a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
+    infer and init_from."""
+    from t5lite import progress
+    from t5lite.checkpointing import load_params
+    from t5lite.models import peft
+
+    with progress.quiet_absl():
+        cfg, params = load_params(src)
+    cfg, params = peft.merge_lora(cfg, params)
+    save_params_dir(cfg, params, dst)
+    print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "
+          f"export it with `t5lite convert export {dst} HF_DIR`")

@@ -96,9 +96,13 @@ class Predictor:
         from t5lite import partitioning
         return partitioning.activate(self.mesh)
 
-    def _chunks(self, n: int) -> Iterable[tuple[int, int]]:
-        for start in range(0, n, self.batch_size):
-            yield start, min(n, start + self.batch_size)
+    def _chunks(self, n: int, desc: str = "") -> Iterable[tuple[int, int]]:
+        from t5lite import progress
+        with progress.bar(total=n, desc=desc, unit="ex", leave=False,
+                          disable=n <= self.batch_size or jax.process_index() != 0) as bar:
+            for start in range(0, n, self.batch_size):
+                yield start, min(n, start + self.batch_size)
+                bar.update(min(n, start + self.batch_size) - start)
 
     def predict(self, inputs: Sequence[Sequence[int]],
                 answer_fn=None) -> tuple[np.ndarray, list[float]]:
@@ -108,7 +112,7 @@ class Predictor:
         if self.arch != "encoder_decoder":
             inputs = [[0] + list(x)[:self.input_length] for x in inputs]
         preds, scores = [], []
-        for a, b in self._chunks(len(inputs)):
+        for a, b in self._chunks(len(inputs), f"decode ({self.cfg.decode.method})"):
             rows = list(inputs[a:b]) + [[0]] * (self.batch_size - (b - a))
             x = _pad(rows, self.prompt_length)
             lengths = np.maximum(np.array([min(len(r), self.prompt_length) for r in rows]), 1)
@@ -128,7 +132,7 @@ class Predictor:
     def score(self, inputs, targets) -> list[float]:
         """log p(targets | inputs) summed over target tokens (EOS included if given)."""
         out = []
-        for a, b in self._chunks(len(inputs)):
+        for a, b in self._chunks(len(inputs), "score"):
             pad = self.batch_size - (b - a)
             batch = score_batch(self.arch, list(inputs[a:b]) + [[]] * pad,
                                 list(targets[a:b]) + [[]] * pad, self.input_length,
@@ -158,7 +162,10 @@ def _task_features_converter():
     return TaskFeatures()
 
 
-def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int) -> dict:
+def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int,
+                   log_dir: str = "", step: Optional[int] = None) -> dict:
+    """seqio.Evaluator's metrics; with log_dir, seqio's JSONLogger also writes every example's
+    inputs, target and prediction to log_dir/<task>-<step>.jsonl (and metrics per step)."""
     import seqio
     from t5lite.tasks import pipeline
     provider = pipeline.get_mixture_or_task(task_name)
@@ -174,7 +181,8 @@ def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int
             task_name, feature_converter=_task_features_converter(), eval_split=split,
             sequence_length=_sequence_lengths(cfg, subtasks[0]),
             num_examples=max_examples or None, use_memory_cache=True,
-            async_compute_metrics=False)
+            async_compute_metrics=False, log_dir=log_dir or None,
+            logger_cls=[seqio.JSONLogger] if log_dir else ())
     finally:
         absl_logging.set_verbosity(verbosity)
     if not evaluator.eval_tasks:
@@ -206,7 +214,7 @@ def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int
         return list(zip(idx, predictor.score(ins, tgts)))
 
     metrics_future, _ = evaluator.evaluate(compute_metrics=True, predict_fn=predict_fn,
-                                           score_fn=score_fn)
+                                           score_fn=score_fn, step=step)
     evaluator.close()
     flat = {}
     for task, values in metrics_future.result().items():
@@ -257,8 +265,10 @@ def _eos_id(cfg) -> int:
 
 
 def evaluate(cfg, model, params, tasks: Sequence[str] = (), split: str = "",
-             max_examples: int = -1, mesh=None) -> dict:
-    """{"task/metric": value} for each task (default cfg.eval.tasks or data.mixture_or_task)."""
+             max_examples: int = -1, mesh=None, log_dir: str = "",
+             step: Optional[int] = None) -> dict:
+    """{"task/metric": value} for each task (default cfg.eval.tasks or data.mixture_or_task).
+    log_dir: also save the decoded predictions there (seqio.JSONLogger, per step)."""
     import t5lite.tasks  # noqa: F401  registers tasks
     tasks = tuple(tasks) or tuple(cfg.eval.tasks) or (cfg.data.mixture_or_task,)
     split = split or cfg.eval.split
@@ -270,7 +280,7 @@ def evaluate(cfg, model, params, tasks: Sequence[str] = (), split: str = "",
         return out
     predictor = Predictor(cfg, model, params, _eos_id(cfg), mesh)
     for t in tasks:
-        out.update(_seqio_metrics(cfg, predictor, t, split, max_examples))
+        out.update(_seqio_metrics(cfg, predictor, t, split, max_examples, log_dir, step))
     return out
 
 
@@ -304,7 +314,14 @@ class TrainEvaluator:
 
     def __call__(self, step: int, params) -> dict:
         t0 = time.time()
-        metrics = evaluate(self.cfg, self.model, params, mesh=self.mesh)
+        # what the model produced, per eval step: eval_predictions/<task>-<step>.jsonl
+        log_dir = ""
+        if jax.process_index() == 0:
+            log_dir = self.best_dir.parent / "eval_predictions"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            log_dir = str(log_dir)
+        metrics = evaluate(self.cfg, self.model, params, mesh=self.mesh, log_dir=log_dir,
+                           step=step)
         if self.logger is not None:
             self.logger.write(step, dict(metrics, seconds=time.time() - t0), prefix="eval_tasks")
         name = self.cfg.eval.best_metric
@@ -340,9 +357,10 @@ class TrainEvaluator:
 
 def load(checkpoint: str, overrides: Sequence[str] = ()):
     """-> (cfg with overrides applied, model, params) from any checkpoint layout."""
-    from t5lite import checkpointing
+    from t5lite import checkpointing, progress
     from t5lite.models import build_model
-    cfg, params = checkpointing.load_params(checkpoint)
+    with progress.quiet_absl():
+        cfg, params = checkpointing.load_params(checkpoint)
     cfg = config_lib.apply_overrides(cfg, overrides)
     config_lib.validate(cfg)
     decoding.check(cfg.decode)
@@ -389,17 +407,46 @@ def _vocabulary(cfg):
 
 
 def _read_lines(path: str) -> list[str]:
+    """Non-empty lines of a UTF-8 text file (or stdin); binary or non-UTF-8 input is a
+    UserError naming the first bad line."""
     if path == "-":
-        lines = sys.stdin.read().splitlines()
+        stdin = getattr(sys.stdin, "buffer", None)  # a text stream (tests) has none
+        data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
     else:
         if not os.path.exists(path):
             raise UserError(f"--input {path} does not exist.")
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        if os.path.isdir(path):
+            raise UserError(f"--input {path} is a directory; give a text file, one input per "
+                            "line")
+        with open(path, "rb") as f:
+            data = f.read()
+    raw = data.split(b"\n")
+    for i, line in enumerate(raw, 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"--input {path} line {i} is not UTF-8 text (byte "
+                            f"{line[e.start]:#04x} at column {e.start + 1}); give a UTF-8 "
+                            "text file, one input per line") from None
+        if "\x00" in text:
+            raise UserError(f"--input {path} line {i} contains NUL bytes: it looks like a "
+                            "binary file; give a UTF-8 text file, one input per line")
+    lines = data.decode("utf-8").splitlines()
     lines = [x for x in lines if x.strip()]
     if not lines:
         raise UserError(f"--input {path} has no non-empty lines.")
     return lines
+
+
+def _check_output(path: str) -> None:
+    if path == "-":
+        return
+    if os.path.isdir(path):
+        raise UserError(f"--output {path} is a directory; give a file path for the JSONL "
+                        f"predictions (e.g. {os.path.join(path, 'predictions.jsonl')})")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise UserError(f"--output {path}: {parent} is a file, not a directory")
 
 
 def _check_prefix(cfg, lines: Sequence[str], prefix: str, mode: str) -> None:
@@ -432,10 +479,11 @@ def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
     --options candidate with the highest log-likelihood (rank classification, T5 paper).
     """
     import t5lite.tasks  # noqa: F401
+    _check_output(output_path)  # before loading and decoding: a mistake costs nothing
+    lines = _read_lines(input_path)
     cfg, model, params = load(checkpoint, overrides)
     in_vocab, out_vocab, add_eos = _vocabulary(cfg)
     eos = int(out_vocab.eos_id)
-    lines = _read_lines(input_path)
     _check_prefix(cfg, lines, prefix, mode)
     predictor = Predictor(cfg, model, params, eos)
 

@@ -94,19 +94,40 @@ class MetricsLogger:
         self._truncate_after(start_step)
         self.tb = _summary_writer_cls()(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
         if progress_bar:
-            from tqdm import tqdm
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step",
-                            dynamic_ncols=True, smoothing=0.1)
+            from t5lite import progress  # plain lines instead of a bar in a log file
+            self.bar = progress.bar(total=total_steps, initial=start_step, unit="step",
+                                    desc="train", dynamic_ncols=True, smoothing=0.1)
         self.step = start_step
 
     def _truncate_after(self, step: int) -> None:
+        """Drop records after `step` (the restored checkpoint) and repair a torn line (power
+        loss, full disk): unparseable lines move to metrics.jsonl.damaged, never vanish. The
+        rewrite is atomic, so a crash here cannot lose the file."""
+        from t5lite.checkpointing import write_atomic
         path = epath.Path(self.path)
         if not path.exists():
             return
-        rows = [line + "\n" for line in path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
-        if len(kept) != len(rows):
-            path.write_text("".join(kept))
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        kept, damaged = [], []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                row_step = row.get("step", 0) if isinstance(row, dict) else None
+            except ValueError:
+                row_step = None
+            if row_step is None:
+                damaged.append(line + "\n")
+            elif row_step <= step:
+                kept.append(line + "\n")
+        if damaged:
+            with epath.Path(self.path + ".damaged").open("a") as f:
+                f.write("".join(damaged))
+            print(f"t5lite: warning: {self.path}: {len(damaged)} unreadable line(s) (a torn "
+                  f"write?) moved to {self.path}.damaged", flush=True)
+        if "".join(kept) != text:
+            write_atomic(path, "".join(kept))
 
     def write(self, step: int, metrics: dict, prefix: str = "train") -> None:
         if not self.enabled:
@@ -127,9 +148,29 @@ class MetricsLogger:
                         for k, f in show.items() if k in scalars}
                 post.setdefault("mfu", "n/a")  # no known device peak (CPU)
                 self.bar.set_postfix(post, refresh=True)
-            else:
+            elif prefix != "goodput":  # the trainer prints goodput as a sentence
                 self.bar.write(f"step {step} {prefix}: " + ", ".join(
                     f"{k}={v:.4g}" for k, v in scalars.items()))
+
+    def write_config(self, config: dict) -> None:
+        """The resolved config in TensorBoard: as text (Text tab) and as hparams (HParams tab,
+        against the train / eval loss), so runs can be told apart and compared."""
+        if self.tb is None:
+            return
+        from tensorboardX.summary import hparams
+        self.tb.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
+        flat = {}
+
+        def walk(d, prefix=""):
+            for k, v in d.items():
+                if isinstance(v, dict) and k != "feature_lengths":
+                    walk(v, f"{prefix}{k}.")
+                else:
+                    flat[prefix + k] = v if isinstance(v, (bool, int, float, str)) else str(v)
+        walk(config)
+        for summary in hparams(flat, {"train/loss": None, "eval/loss": None}):
+            self.tb._get_file_writer().add_summary(summary)
+        self.tb.flush()
 
     def info(self, msg: str) -> None:
         if self.enabled:

@@ -9,7 +9,6 @@ make_eval_step.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 from typing import Any, Callable, Iterator
@@ -20,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from t5lite import checkpointing, losses, metrics_log, optim, partitioning
+from t5lite import checkpointing, losses, metrics_log, observe, optim, partitioning, progress
 from t5lite import config as config_lib
-from t5lite.errors import UserError
+from t5lite import workdir as workdir_lib
+from t5lite.errors import Preempted, UserError
 from t5lite.models import peft
 
 
@@ -216,15 +215,35 @@ def _prepare_tasks(cfg):
                 f">= {size} (a multiple of 128 is fastest).")
 
 
+def train_iterator(cfg, workdir: str):
+    """This process's rows of each global training batch, read as data.num_shards seqio
+    shards (the workdir's saved shard count wins), so its checkpointed state resumes on
+    another process count (tasks/pipeline.py ShardedBatches)."""
+    from t5lite.tasks import pipeline
+    num_shards = (pipeline.saved_num_shards(os.path.join(workdir, "data_state"))
+                  or cfg.data.num_shards or jax.process_count())
+
+    def make_dataset(shard_info, batch_size):
+        return pipeline.get_dataset(
+            cfg.data.mixture_or_task, feature_lengths=dict(cfg.data.feature_lengths),
+            architecture=cfg.model.architecture, batch_size=batch_size,
+            split=cfg.data.train_split, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
+            pack=cfg.data.pack, shard_info=shard_info, use_cached=cfg.data.use_cached,
+            cache_dir=cfg.data.cache_dir)
+
+    return pipeline.ShardedBatches(make_dataset, num_shards, cfg.data.batch_size,
+                                   jax.process_index(), jax.process_count())
+
+
 def dataset_iterator(cfg, split: str, shuffle: bool, num_epochs=None):
-    """A tf.data iterator over this process's batches of `split` (checkpointable)."""
+    """A tf.data iterator over this process's batches of `split` (evaluation: no state)."""
     from t5lite.tasks import pipeline
     ds = pipeline.get_dataset(
         cfg.data.mixture_or_task, feature_lengths=dict(cfg.data.feature_lengths),
         architecture=cfg.model.architecture,
         batch_size=cfg.data.batch_size // jax.process_count(), split=split, shuffle=shuffle,
         seed=cfg.data.seed, pack=cfg.data.pack, shard_info=partitioning.shard_info(),
-        num_epochs=num_epochs)
+        num_epochs=num_epochs, use_cached=cfg.data.use_cached, cache_dir=cfg.data.cache_dir)
     return iter(ds)
 
 
@@ -245,27 +264,66 @@ def _count_tokens(host_batch) -> int:
 
 
 def write_config(cfg, workdir: str) -> None:
+    """config.json <- cfg on process 0 (atomic; a different previous one is kept)."""
     if jax.process_index() == 0:  # epath: the workdir may be gs://
-        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-        (epath.Path(workdir) / "config.json").write_text(
-            json.dumps(config_lib.to_dict(cfg), indent=2))
+        workdir_lib.write_config(cfg, workdir)
+
+
+def _lock_workdir(workdir: str):
+    """WORKDIR/.lock, taken by process 0; every process stops if it could not be taken."""
+    lock, error = None, None
+    if jax.process_index() == 0:
+        try:
+            lock = workdir_lib.WorkdirLock(workdir).acquire()
+        except UserError as e:
+            error = e
+    if not checkpointing._all_hosts_ok(error is None):
+        raise error or UserError(f"process 0 could not lock {workdir} (see its message)")
+    if lock is not None and lock.took_over:
+        old = lock.took_over
+        print(f"t5lite: took over the lock of a run that is gone (pid {old.get('pid')} on "
+              f"{old.get('host')}, started {old.get('started')})", flush=True)
+    return lock
 
 
 def train(cfg, workdir: str, train_iter: Iterator | None = None,
           eval_iter_fn: Callable[[], Iterator] | None = None, devices=None,
-          trainable_mask=None) -> dict:
+          trainable_mask=None, allow_config_change: bool = False) -> dict:
     """Train cfg in workdir, resuming from its newest readable checkpoint. -> final metrics.
 
     train_iter / eval_iter_fn replace the seqio pipeline (any iterators of host batches with
-    the contract's keys); tf.data iterators are also checkpointed for exact resume.
+    the contract's keys); tf.data iterators are also checkpointed for exact resume. The workdir
+    is locked for the run; a config that differs from its config.json stops the run before
+    anything is written (allow_config_change lets the safe keys through, workdir.SAFE_KEYS).
+    Raises errors.Preempted after saving a checkpoint on SIGTERM.
     """
-    from t5lite.models import build_model
+    started = time.time()  # goodput: start-up counts from here (observe.RunClock)
     partitioning.initialize_multihost(cfg.mesh)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
+    workdir = checkpointing.abspath(workdir)
+    preemption = _Preemption()  # from here on SIGTERM saves instead of killing the run
+    lock = None
+    try:
+        lock = _lock_workdir(workdir)
+        rewrite = workdir_lib.check_config(cfg, workdir, allow_config_change)
+        return _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask,
+                             rewrite, preemption)
+    except Exception as e:
+        if _no_space(e):
+            raise UserError(_no_space_message(workdir)) from None
+        raise
+    finally:
+        preemption.close()
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, rewrite,
+                  preemption):
+    from t5lite.models import build_model
     if train_iter is None:
         _prepare_tasks(cfg)
-    write_config(cfg, workdir)
 
     model = build_model(cfg.model)
     # PEFT / freezing (cfg.model.peft) or an explicit trainable_mask: frozen params get no
@@ -273,31 +331,106 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     tx = peft.make_optimizer(cfg, cfg.train.steps, trainable=trainable_mask)
     abstract, shardings, _ = abstract_train_state(cfg, model, mesh, tx)
     ckpt = checkpointing.Checkpointer(workdir, cfg.checkpoint)
-    data_iter = train_iter if train_iter is not None else dataset_iterator(
-        cfg, cfg.data.train_split, cfg.data.shuffle)
-    tf_iter = checkpointing._is_tf_iterator(data_iter)
-    try:
+    try:  # from here on the checkpointer is closed on every path (its threads, its tracebacks)
+        make_iter = (lambda: train_iter) if train_iter is not None else (
+            lambda: train_iterator(cfg, workdir))
+        data_iter = make_iter()
+        tf_iter = checkpointing.has_data_state(data_iter)
         state, start = ckpt.restore_latest(abstract, data_iter if tf_iter else None)
+        if ckpt.data_iter_dirty and train_iter is None:  # a failed data restore, then step 0
+            data_iter = make_iter()
+        if rewrite:  # only now: the checkpoints it describes have been read with it
+            write_config(cfg, workdir)
         logger = metrics_log.MetricsLogger(workdir, cfg.train.steps, start_step=start)
+        logger.write_config(config_lib.to_dict(cfg))  # TensorBoard: text + hparams
         try:
             return _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
-                         data_iter, tf_iter, eval_iter_fn)
+                         data_iter, tf_iter, eval_iter_fn, preemption, started=started)
         finally:
             logger.close()
     finally:
         ckpt.close()
 
 
+class _Preemption:
+    """SIGTERM (a spot / queued slice being reclaimed) -> save at the next step boundary.
+
+    One process: a Python SIGTERM handler sets a flag. Several processes: JAX's preemption
+    service (on by default with jax.distributed) already catches SIGTERM on any host and
+    agrees on one step for all (reached_preemption_sync_point); a Python handler would replace
+    its C++ one, so none is installed there.
+    """
+
+    def __init__(self):
+        import signal
+        import threading
+        self.signalled = False
+        self._old = None
+        self.multihost = jax.process_count() > 1
+        if not self.multihost and threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.signalled = True
+
+    def reached(self, step: int) -> bool:
+        if not self.multihost:
+            return self.signalled
+        from jax.experimental import multihost_utils
+        try:
+            return multihost_utils.reached_preemption_sync_point(step)
+        except RuntimeError:  # jax_enable_preemption_service off: SIGTERM just ends the run
+            return False
+
+    def close(self):
+        if self._old is not None:
+            import signal
+            signal.signal(signal.SIGTERM, self._old)
+            self._old = None
+
+
+def _no_space(err: BaseException) -> bool:
+    """True when a full disk is somewhere in err's chain (OSError ENOSPC, or orbax / TF
+    errors that only carry its message)."""
+    import errno
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _no_space_message(workdir: str) -> str:
+    try:
+        import orbax.checkpoint as ocp
+        steps = ocp.utils.checkpoint_steps(os.path.join(workdir, "checkpoints"))
+        last = max(steps) if steps else None
+    except Exception:  # noqa: BLE001 - the message matters more than the step number
+        last = "?"
+    return (f"no space left on device writing to {workdir}; "
+            + (f"the last checkpoint (step {last}) is intact. " if last is not None else
+               "no checkpoint was written yet. ")
+            + "Free space there and rerun the same command to resume (the half-written save "
+            "is cleaned up at start)")
+
+
 def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt, data_iter,
-          tf_iter, eval_iter_fn):
+          tf_iter, eval_iter_fn, preemption=None, started=None):
+    watch = observe.RunClock(ckpt.workdir, start, enabled=logger.enabled, started=started)
+    prof = observe.Profiler(cfg.train.profile_steps, ckpt.workdir, logger.info)
     if state is not None:
         logger.info(f"resumed from {ckpt.dir}/{start}"
                     + ("" if tf_iter else " (data iterator position not restored: not tf.data)"))
     else:
         state, _ = create_train_state(cfg, model, mesh, tx)
         if cfg.checkpoint.init_from:
-            _, src = checkpointing.load_params(cfg.checkpoint.init_from,
-                                               step=cfg.checkpoint.init_step)
+            with progress.quiet_absl():  # orbax's read-only notes
+                _, src = checkpointing.load_params(cfg.checkpoint.init_from,
+                                                   step=cfg.checkpoint.init_step)
             params = checkpointing.merge_params(state.params, src, announce=logger.info)
             state, _ = create_train_state(cfg, model, mesh, tx, params=params)
             logger.info(f"initialised params from {cfg.checkpoint.init_from}")
@@ -350,38 +483,71 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
             m["steps_per_s"] = n / dt
             if peak:
                 m["mfu"] = flops * n / dt / (peak * mesh.size)
+            m.update(watch.interval_metrics(step))  # data wait / compute / checkpoint, goodput
             logger.write(step, m)
+            watch.save(step)
             clock.update(t=now, step=step, tokens=0)
 
     pending = None
+    watch.loop_started()
     for step in range(start, total):
+        if preemption is not None and preemption.reached(step):
+            if pending is not None:
+                flush(*pending)
+            if last_ckpt != step or ckpt.latest_step() is None:  # (a fresh run at step 0)
+                ckpt.save(step, state, data_iter if tf_iter else None)
+                peft.save_with_checkpoint(cfg, ckpt.workdir, step, state.params)
+                watch.checkpoint_saved(step)
+            ckpt.wait()  # committed on every host before the exit code says "saved"
+            watch.save(step)  # goodput: the time up to the preemption counts
+            raise Preempted(step)
+        prof.before_step(step)
+        t_data = time.time()
         try:
             host = _to_numpy(next(data_iter))
         except StopIteration:
             raise UserError(f"training data ran out at step {step} of {total}; use "
                             "num_epochs=None (repeat) or fewer train.steps") from None
-        state, metrics = train_step(state, partitioning.global_batch(host, bsh))
+        batch = partitioning.global_batch(host, bsh)
+        watch.add("data", time.time() - t_data)
+        step_fn = train_step if step > start else watch.compiling(train_step, logger.info)
+        with prof.annotate(step):
+            state, metrics = step_fn(state, batch)
+        prof.after_step(step + 1, metrics)
         if pending is not None:  # read the previous step's metrics while this one runs
             flush(*pending)
         pending = (step + 1, metrics, _count_tokens(host))
         if ckpt.should_save(step + 1, total):
             flush(*pending)
             pending = None
+            t_ckpt = time.time()
             ckpt.save(step + 1, state, data_iter if tf_iter else None)
             peft.save_with_checkpoint(cfg, ckpt.workdir, step + 1, state.params)
             last_ckpt = step + 1
+            watch.add("checkpoint", time.time() - t_ckpt)
+            watch.checkpoint_saved(step + 1)
         if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and step + 1 < total:
-            final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
-                                   eval_iter_fn))
+            with watch.phase("eval"):
+                final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, step + 1,
+                                       eval_iter_fn))
         if task_eval is not None and step + 1 < total and task_eval.due(step + 1, total):
-            final.update(task_eval(step + 1, state.params))
+            with watch.phase("eval"):
+                final.update(task_eval(step + 1, state.params))
     if pending is not None:
         flush(*pending)
-    if total > start or not final:
-        final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, max(total, start),
-                               eval_iter_fn))
-    if task_eval is not None and total > start:
-        final.update(task_eval(total, state.params))
+    prof.stop(state)
+    with watch.phase("eval"):
+        if total > start or not final:
+            final.update(_evaluate(cfg, eval_step, state.params, bsh, logger, max(total, start),
+                                   eval_iter_fn))
+        if task_eval is not None and total > start:
+            final.update(task_eval(total, state.params))
+    end = max(total, start)
+    watch.save(end)
+    logger.info(watch.report(end))
+    summary = watch.summary(end)
+    logger.write(end, summary, prefix="goodput")
+    final["goodput"] = summary["goodput"]
     return final
 
 

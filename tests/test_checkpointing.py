@@ -73,7 +73,8 @@ def test_restore_onto_one_and_two_devices(reference, tmp_path):
     # continue on 2 devices (fsdp=2): steps 3 and 4 match the 8-device run
     cfg2 = _cfg(steps=4)
     cfg2.mesh = config_lib.MeshConfig(data=1, fsdp=2)
-    trainer.train(cfg2, wd, train_iter=tf_iterator(cfg2), devices=jax.devices()[:2])
+    trainer.train(cfg2, wd, train_iter=tf_iterator(cfg2), devices=jax.devices()[:2],
+                  allow_config_change=True)
     ref, got = train_losses(reference), train_losses(wd)
     np.testing.assert_allclose([got[3], got[4]], [ref[3], ref[4]], rtol=1e-4)
 

@@ -147,6 +147,30 @@ def test_decoder_only_eval_and_infer(data_dir, tmp_path):
                                        "sst2 sentence: all of them were there"])
 
 
+def test_training_saves_predictions_per_eval_step_and_config_for_tensorboard(workdir, caplog):
+    """seqio's JSONLogger: what the model produced at each eval step; TensorBoard gets the
+    resolved config as text and hparams; reading the run back logs no orbax warnings."""
+    import logging
+    pred_dir = os.path.join(workdir, "eval_predictions")
+    for step in (2, 4):
+        with open(os.path.join(pred_dir, f"sentiment-{step:06d}.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        assert len(rows) == 16 and {"prediction", "target"} <= set(rows[0])
+        assert rows[0]["target"] in ("positive", "negative")
+    from tensorboard.backend.event_processing import event_accumulator
+    acc = event_accumulator.EventAccumulator(os.path.join(workdir, "tensorboard"),
+                                             size_guidance={"tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert "config/text_summary" in tags["tensors"] and "train/loss" in tags["scalars"]
+    text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert '"mixture_or_task": "sentiment"' in text
+    assert "_hparams_/session_start_info" in acc.summary_metadata
+    caplog.set_level(logging.INFO)
+    evaluation.load(workdir)
+    assert not [r for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING]
+
+
 def test_self_consistency_eval_through_overrides(workdir):
     """decode.method=self_consistency votes over the task's postprocessed answers; one sample
     per input scores exactly as plain sampling with the same seed."""

@@ -182,3 +182,99 @@ def test_missing_official_file_is_a_user_error(vocab, tmp_path):
     formats.register_glue(str(tmp_path), tasks=["rte"], vocabulary=vocab)
     with pytest.raises(UserError, match="does not exist"):
         _first("glue_rte")
+
+
+# ----------------------------------------------------------------------------- the paper (TFDS)
+
+
+def _tfds_fixture(data_dir, name, config, version, splits):
+    """Write a real TFDS dataset (TFDS's own writer, the real builder's features) from a few
+    examples: the registered builder then reads it like the prepared benchmark."""
+    import tensorflow_datasets as tfds
+
+    class Fixture(tfds.builder_cls(name), skip_registration=True):
+        def _split_generators(self, dl_manager):
+            del dl_manager
+            return {s: ((i, ex) for i, ex in enumerate(exs)) for s, exs in splits.items()}
+
+    Fixture.name = name
+    kw = {"config": config} if config else {}
+    Fixture(data_dir=data_dir, version=version, **kw).download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+
+
+def write_paper_tfds(root: str) -> str:
+    """The paper's data sets as small TFDS fixtures under root (a TFDS data dir)."""
+    story = "The cat sat on the mat. It was warm."
+    _tfds_fixture(root, "c4", "en", "3.1.0", {s: [
+        {"text": f"document {i} about cats and dogs and the weather in the town " * 3,
+         "url": "u", "timestamp": "t", "content-type": "text/plain", "content-length": "9"}
+        for i in range(40)] for s in ("train", "validation")})
+    _tfds_fixture(root, "glue", "sst2", "2.0.0", {s: [
+        {"sentence": "a charming film", "label": 1, "idx": 0},
+        {"sentence": "dull and slow", "label": 0, "idx": 1}] for s in ("train", "validation",
+                                                                      "test")})
+    _tfds_fixture(root, "super_glue", "record", "1.0.2", {s: [
+        {"passage": "Paris is in France.\n@highlight\nIt is big", "query": "@placeholder is big",
+         "entities": ["Paris", "France"], "answers": ["Paris", "France"],
+         "idx": {"passage": 0, "query": 0}}] for s in ("train", "validation", "test")})
+    _tfds_fixture(root, "super_glue", "wsc.fixed", "1.0.2", {s: [
+        {"text": "Mark told Pete he was late.", "span1_text": "Pete", "span2_text": "he",
+         "span1_index": 2, "span2_index": 3, "label": 1, "idx": 0}]
+        for s in ("train", "validation", "test")})
+    _tfds_fixture(root, "squad", "v1.1", "3.0.0", {s: [
+        {"id": "q1", "title": "t", "question": "Where is the cat?", "context": story,
+         "answers": {"text": ["on the mat", "the mat"], "answer_start": [12, 15]}}]
+        for s in ("train", "validation")})
+    _tfds_fixture(root, "cnn_dailymail", None, "3.4.0", {s: [
+        {"article": story, "highlights": "The cat sat .", "id": "1", "publisher": "cnn"}]
+        for s in ("train", "validation", "test")})
+    _tfds_fixture(root, "wmt16_translate", "ro-en", "1.0.0", {s: [
+        {"en": "The cat sleeps.", "ro": "Pisica doarme."}] for s in ("train", "validation",
+                                                                     "test")})
+    return root
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory, vocab):
+    """The paper's data sets as small TFDS fixtures, and the paper tasks registered over them
+    with the test vocabulary (restored to the t5 vocabulary afterwards)."""
+    from t5lite.tasks import ablation_tasks
+    root = write_paper_tfds(str(tmp_path_factory.mktemp("tfds")))
+    seqio.set_tfds_data_dir_override(root)
+    ablation_tasks.register_paper(vocab)
+    yield root
+    seqio.set_tfds_data_dir_override(None)
+    ablation_tasks.register_paper("t5")
+
+
+def test_paper_benchmarks_read_from_tfds(tfds_dir):
+    assert _first("paper_glue_sst2")[0][:2] == ("sst2 sentence: a charming film", "positive")
+    record = _first("paper_super_glue_record", n=2)  # one example per answer
+    assert [r[1] for r in record] == ["Paris", "France"]
+    assert record[0][0] == ("record query: @placeholder is big entities: Paris, France "
+                            "passage: Paris is in France. It is big")
+    assert [a.decode() for a in record[0][2]["answers"]] == ["Paris", "France"]
+    assert _first("paper_super_glue_wsc")[0][:2] == (
+        "wsc span1_text: Pete span2_text: he text: Mark told Pete he was late.", "True")
+    inputs, targets, ex = _first("paper_squad")[0]
+    assert inputs.startswith("question: Where is the cat? context: The cat")
+    assert targets == "on the mat" and [a.decode() for a in ex["answers"]] == [
+        "on the mat", "the mat"]
+    assert _first("paper_cnn_dailymail")[0][:2] == (
+        "summarize: The cat sat on the mat. It was warm.", "The cat sat .")
+    assert _first("paper_wmt_enro")[0][:2] == ("translate English to Romanian: The cat sleeps.",
+                                              "Pisica doarme.")
+
+
+def test_c4_pretraining_reads_from_tfds(tfds_dir, vocab):
+    task = seqio.get_mixture_or_task("c4_iid_denoising")
+    exs = list(task.get_dataset({"inputs": 32, "targets": 16}, split="train", shuffle=False)
+               .take(4).as_numpy_iterator())
+    assert len(exs) == 4
+    sentinel = vocab.vocab_size - 1
+    for e in exs:
+        assert 0 < len(e["inputs"]) <= 32 and 0 < len(e["targets"]) <= 16
+    assert any(sentinel in e["inputs"] for e in exs)
+    mix = seqio.get_mixture_or_task("paper_multitask_k16")
+    assert "c4_iid_denoising" in [t.name for t in mix.tasks]

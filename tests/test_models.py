@@ -389,9 +389,9 @@ def test_shared_encoder_decoder_has_fewer_params_and_runs():
     shared_cfg = tiny(architecture="encoder_decoder", shared_encoder_decoder=True)
     n, n_shared = count_params(cfg), count_params(shared_cfg)
     assert n_shared < n
-    enc_layer = sum(np.prod(x.shape) for x in jax.tree.leaves(
-        nn.meta.unbox(abstract_params(cfg))["encoder"]["layers"]))
-    assert n - n_shared == enc_layer  # exactly the encoder's layer weights are gone
+    encoder = sum(np.prod(x.shape) for x in jax.tree.leaves(
+        nn.meta.unbox(abstract_params(cfg))["encoder"]))
+    assert n - n_shared == encoder  # layers, relative bias and final norm: all shared
     model = build_model(shared_cfg)
 
     @jax.jit
@@ -400,7 +400,7 @@ def test_shared_encoder_decoder_has_fewer_params_and_runs():
         return params, model.apply({"params": params}, batch, deterministic=True)["logits"]
 
     params, logits = run(random_batch(shared_cfg))
-    assert "layers" not in params["encoder"] and "layers" in params["decoder"]
+    assert "encoder" not in params and "layers" in params["decoder"]
     assert bool(jnp.all(jnp.isfinite(logits)))
 
 

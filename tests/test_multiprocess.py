@@ -1,5 +1,6 @@
 """Multi-host training without hosts: 2 JAX processes x 4 CPU devices on 127.0.0.1 (through
-launch/local_multiprocess.py) train exactly like 1 process x 8 devices, and resume exactly.
+launch/local_multiprocess.py) train exactly like 1 process x 8 devices, and resume exactly,
+also on another number of processes.
 
 Each process reads its own shard of the data (seqio ShardInfo), feeds it to
 make_array_from_process_local_data, and only process 0 writes metrics; checkpoints are written
@@ -68,7 +69,8 @@ def _env(data_dir, devices):
 
 
 def _train_args(workdir, steps):
-    args = ["train", "--config", "configs/t5_1_1_tiny.py", "--workdir", str(workdir)]
+    args = ["train", "--config", "configs/t5_1_1_tiny.py", "--workdir", str(workdir),
+            "--allow-config-change"]  # the resumed runs train on to more steps
     for item in OVERRIDES + [f"train.steps={steps}"]:
         args += ["--set", item]
     return args
@@ -114,10 +116,14 @@ def test_two_processes_match_one_and_resume(data_dir, tmp_path):
     assert sorted(first) == [1, 2, 3, 4]
     assert sorted(os.listdir(two / "checkpoints")) == ["2", "4"]
     assert sorted(os.listdir(two / "data_state" / "4")) == sorted(
-        f"process_{i}.{ext}" for i in (0, 1) for ext in ("index", "data-00000-of-00001"))
+        f"shard_{i}_of_2.{ext}" for i in (0, 1) for ext in ("index", "data-00000-of-00001"))
 
-    out = train_two_processes(data_dir, two, steps=6)  # a second invocation continues at 4
+    # resume on another process count (1, then 2 again): the data goes on from the same
+    # global position (the 2 data shards, read by one process, then by two)
+    out = train_one_process(data_dir, two, steps=5)
     assert "resumed from" in out and "checkpoints/4" in out
+    out = train_two_processes(data_dir, two, steps=6)  # a third invocation continues at 5
+    assert "resumed from" in out and "checkpoints/5" in out
     resumed = train_losses(two)
     assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
     assert resumed[5] != resumed[4]  # it trained on
@@ -195,3 +201,46 @@ def test_hosts_agree_on_the_checkpoint_when_one_cannot_read_the_newest(tmp_path)
     moved = os.listdir(tmp_path / "wd" / "corrupt_checkpoints")
     assert len(moved) == 1 and moved[0].startswith("2.")
     assert sorted(os.listdir(tmp_path / "wd" / "checkpoints")) == ["1"]
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_host_saves_on_all_and_exits_75(data_dir, tmp_path):
+    """A preemption notice (SIGTERM) to one of two processes: through JAX's preemption sync
+    point both save the same step (each its data shard) and both exit 75 with the agreed
+    line."""
+    import signal
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    wd = tmp_path / "wd"
+    args = _train_args(wd, 400) + ["--set", "checkpoint.every_steps=1000"]
+
+    def start():
+        return [subprocess.Popen(
+            [sys.executable, "-m", "t5lite.cli", *args, "--set", "mesh.multihost=true"],
+            cwd=ROOT, env=dict(_env(data_dir, 4), T5LITE_COORDINATOR=f"127.0.0.1:{port}",
+                               T5LITE_NUM_PROCESSES="2", T5LITE_PROCESS_ID=str(i)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+    procs = start()
+    try:
+        deadline = time.time() + 500
+        while not (wd / "metrics.jsonl").exists() or len(train_losses(wd)) < 3:
+            assert all(p.poll() is None for p in procs) and time.time() < deadline
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    lines = [[x for x in err.splitlines() if x.startswith("t5lite: preempted")]
+             for _, err in outs]
+    assert [p.returncode for p in procs] == [75, 75], [e[-2000:] for _, e in outs]
+    assert lines[0] == lines[1] and len(lines[0]) == 1, lines
+    step = int(lines[0][0].split("preempted at step ")[1].split(":")[0])
+    assert 3 <= step < 400 and os.listdir(wd / "checkpoints") == [str(step)]
+    assert sorted(os.listdir(wd / "data_state" / str(step))) == sorted(
+        f"shard_{i}_of_2.{ext}" for i in (0, 1) for ext in ("index", "data-00000-of-00001"))
+    assert max(train_losses(wd)) == step

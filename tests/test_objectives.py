@@ -112,18 +112,21 @@ def test_iid_noise_fraction():
     assert abs(noise / total - 0.15) < 0.01
 
 
-def test_bert_style_80_10_10():
+def test_bert_style_is_the_papers_90_10():
+    """Section 3.3.1 / T5's reference: 90% mask token, 10% random token, none kept (BERT's
+    own 80/10/10 is bert_mlm)."""
     exs = _run(objectives.bert_style_denoising, sequence_length={"inputs": 512, "targets": 512},
                n=600)
-    changed = masked = selected_est = 0
+    changed = masked = total = 0
     for e in exs:
         assert len(e["inputs"]) == len(e["targets"])  # target = the original text
         masked += int((e["inputs"] == VOCAB_SIZE - 1).sum())
         changed += int(((e["inputs"] != e["targets"]) & (e["inputs"] != VOCAB_SIZE - 1)).sum())
-        selected_est += len(e["inputs"])
-    # masked = 0.8 * 0.15, random = 0.1 * 0.15 (1/897 of random picks equal the original).
-    assert abs(masked / selected_est - 0.12) < 0.005
-    assert abs(changed / (masked + changed) - 0.1 / 0.9) < 0.02
+        total += len(e["inputs"])
+    # masked = 0.9 * 0.15, random = 0.1 * 0.15 (1/897 of random picks equal the original).
+    assert abs(masked / total - 0.135) < 0.005
+    assert abs((masked + changed) / total - 0.15) < 0.005  # nothing selected is kept
+    assert abs(changed / (masked + changed) - 0.1) < 0.02
 
 
 def test_bert_mlm_80_10_10_and_loss_weights():
@@ -183,14 +186,16 @@ def test_every_objective_runs_and_same_seed_same_data(name):
 
 def test_objective_specifics():
     lengths = {"inputs": 64, "targets": 64}
-    for e in _run(objectives.drop_tokens, sequence_length=lengths, n=40):
+    drops = _run(objectives.drop_tokens, sequence_length=lengths, n=40)
+    for e in drops:
         assert (e["inputs"] < VOCAB_SIZE - 100).all() and (e["targets"] < VOCAB_SIZE - 100).all()
     for e in _run(objectives.mass_style_denoising, sequence_length=lengths, n=40):
         keep = e["inputs"] != VOCAB_SIZE - 1
         np.testing.assert_array_equal(e["inputs"][keep], e["targets"][keep])
     for e in _run(objectives.deshuffling, sequence_length=lengths, n=40):
         np.testing.assert_array_equal(np.sort(e["inputs"]), np.sort(e["targets"]))
-    originals = _run(lambda ds, of: objectives.concat_and_split(ds, 63), n=40)
+    originals = _run(lambda ds, of: objectives.split_documents(ds, 63), n=40)
+    originals = [o for o in originals if len(o["targets"]) >= 2]
     for e, o in zip(_run(objectives.prefix_lm, sequence_length=lengths, n=40), originals):
         assert 1 <= len(e["inputs"]) <= 62 and 1 <= len(e["targets"]) <= 62
         np.testing.assert_array_equal(np.concatenate([e["inputs"], e["targets"]]), o["targets"])
@@ -202,3 +207,108 @@ def test_limit_tokens():
     ds = objectives.limit_tokens(_docs(100), 5000)
     sizes = [len(e["targets"]) for e in ds.as_numpy_iterator()]
     assert sum(sizes) <= 5000 < sum(sizes) + 400
+
+
+# ----------------------------------------------------------------------------- paper fidelity
+
+
+def _counts(length, density, span, seed=(1, 2)):
+    """(noise tokens, noise spans) of a real random_spans_noise_mask."""
+    mask = objectives.random_spans_noise_mask(
+        length, density, [tf.constant(seed), tf.constant([seed[1], seed[0]])], span).numpy()
+    return int(mask.sum()), int(mask[0]) + int(np.sum(mask[1:] & ~mask[:-1]))
+
+
+def test_random_spans_helper_promise_is_exact_on_many_settings():
+    """T5's helper and mask rounded differently (float64 vs float32; the density-0.5 trim
+    without recounting), so seqio silently trimmed targets: e.g. inputs 172 at 0.15 / 3 gave a
+    190-token chunk whose mask made 29 noise tokens (float32 28.500002), 40 targets for 38."""
+    tokens, targets = objectives.random_spans_helper(172, 0.15, 3.0)
+    assert (tokens, targets) == (190, 38)
+    noise, spans = _counts(190, 0.15, 3.0)
+    assert (noise, spans) == (28, 9) and noise + spans + 1 == targets
+    rng = np.random.RandomState(0)
+    settings = [(int(rng.randint(8, 1200)), float(rng.choice([0.1, 0.15, 0.25, 0.5, 0.3, 0.05])),
+                 float(rng.choice([1.0, 2.0, 3.0, 5.0, 8.0, 10.0]))) for _ in range(300)]
+    settings += [(l, 0.5, s) for l in range(16, 40) for s in (2.0, 3.0, 5.0)]  # the trim
+    for inputs_length, density, span in settings:
+        tokens, targets = objectives.random_spans_helper(inputs_length, density, span)
+        noise, spans = _counts(tokens, density, span, seed=(inputs_length, 7))
+        assert tokens - noise + spans + 1 <= inputs_length, (inputs_length, density, span)
+        assert noise + spans + 1 == targets, (inputs_length, density, span)
+        if density == 0.5:
+            assert targets <= inputs_length
+
+
+def test_iid_sentinels_agree_when_the_first_token_is_corrupted():
+    """T5's targets function replaced non-noise spans by sentinels, so with a corrupted first
+    token (i.i.d. masks) every target sentinel pointed at the wrong span."""
+    rng = np.random.RandomState(1)
+    first_noise = 0
+    for i in range(300):
+        length = int(rng.randint(2, 60))
+        mask = rng.rand(length) < float(rng.choice([0.15, 0.5, 0.8]))
+        if i % 3 == 0:
+            mask[0] = True
+        first_noise += int(mask[0])
+        tokens = rng.randint(3, 900, size=length).astype(np.int32)
+        inputs = objectives.noise_span_to_unique_sentinel(tf.constant(tokens), tf.constant(mask),
+                                                          VOCAB).numpy()
+        targets = objectives.nonnoise_span_to_unique_sentinel(
+            tf.constant(tokens), tf.constant(mask), VOCAB).numpy()
+        np.testing.assert_array_equal(_merge(inputs, targets), tokens)
+        in_sent = [t for t in inputs if t >= VOCAB_SIZE - 100]
+        tgt_sent = [t for t in targets if t >= VOCAB_SIZE - 100]
+        assert tgt_sent[:len(in_sent)] == in_sent  # (+ T5's trailing one after kept text)
+        if mask.any():
+            assert targets[0] == VOCAB_SIZE - 1
+    assert first_noise > 100
+    # the whole objective, first token corrupted in many chunks: exact reconstruction
+    exs = _run(objectives.iid_denoising, sequence_length={"inputs": 32, "targets": 32}, n=300)
+    originals = _run(lambda ds, of: objectives.concat_and_split(ds, 31), n=300)
+    starts = 0
+    for e, o in zip(exs, originals):
+        starts += int(e["inputs"][0] >= VOCAB_SIZE - 100)
+        np.testing.assert_array_equal(_merge(e["inputs"], e["targets"]), o["targets"])
+    assert starts > 50
+
+
+def test_drop_tokens_uses_the_iid_rows_chunks():
+    """The paper's "drop corrupted tokens" row uses the same 511-token chunks as the other
+    i.i.d. rows (not longer chunks whose kept tokens fill 512 and get cut)."""
+    lengths = {"inputs": 64, "targets": 64}
+    originals = _run(lambda ds, of: objectives.concat_and_split(ds, 63), n=60)
+    exs = _run(objectives.drop_tokens, sequence_length=lengths, n=60)
+    assert len(exs) == len(originals)
+    for e, o in zip(exs, originals):
+        assert len(e["inputs"]) + len(e["targets"]) == len(o["targets"]) <= 63
+        merged = np.sort(np.concatenate([e["inputs"], e["targets"]]))
+        np.testing.assert_array_equal(merged, np.sort(o["targets"]))
+
+
+@pytest.mark.parametrize("name", ["prefix_lm", "deshuffling"])
+def test_prefix_lm_and_deshuffling_chunks_stay_in_one_document(name):
+    rng = np.random.RandomState(0)
+    docs = [np.full(int(rng.randint(5, 90)), 3 + i, np.int32) for i in range(200)]  # 1 id/doc
+    ds = tf.data.Dataset.from_generator(lambda: ({"targets": d} for d in docs),
+                                        output_signature={"targets": tf.TensorSpec([None],
+                                                                                   tf.int32)})
+    with seqio.map_seed_manager(0):
+        exs = list(getattr(objectives, name)(ds, FEATURES, {"inputs": 32, "targets": 33})
+                   .as_numpy_iterator())
+    assert len(exs) > 200
+    for e in exs:
+        assert len(set(np.concatenate([e["inputs"], e["targets"]]).tolist())) == 1
+
+
+def test_iid_denoising_lm_is_one_sequence():
+    """Table 2's decoder-only LM x denoising: inputs EOS targets as one target sequence (the
+    reference's delimited LM), from the encoder-decoder row's chunks."""
+    total = 128 + objectives.iid_targets_length(128, 0.15)
+    exs = _run(objectives.iid_denoising_lm, sequence_length={"targets": total}, n=60)
+    originals = _run(lambda ds, of: objectives.concat_and_split(ds, 127), n=60)
+    for e, o in zip(exs, originals):
+        assert set(e) == {"targets"} and len(e["targets"]) < total
+        eos = list(e["targets"]).index(VOCAB.eos_id)
+        inputs, targets = e["targets"][:eos], e["targets"][eos + 1:]
+        np.testing.assert_array_equal(_merge(inputs, targets), o["targets"])

@@ -163,7 +163,7 @@ def test_trainable_counts_per_method():
                  NL * (2 * (D * r + r * H * K) + (F * r + r * D))),
         "prompt": (dict(prompt_tokens=n), n * D),
         "prefix": (dict(prefix_tokens=n), NL * 2 * n * H * K),
-        "adapters": (dict(adapter_dim=a), NL * 2 * (D * a + a + a * D + D)),
+        "adapters": (dict(adapter_dim=a), NL * (D + D * a + a * D)),  # norm, wi, wo
         "ia3": (dict(ia3=True), NL * (2 * H * K + F)),
     }
     base_total = None

@@ -78,7 +78,7 @@ def test_train_loop_logs_checkpoints_and_resumes_exactly(tmp_path):
     cfg4.train.steps = 4
     trainer.train(cfg4, part, train_iter=tf_iterator(cfg),
                   eval_iter_fn=lambda: tf_iterator(cfg, seed=1))
-    trainer.train(cfg, part, train_iter=tf_iterator(cfg),
+    trainer.train(cfg, part, train_iter=tf_iterator(cfg), allow_config_change=True,
                   eval_iter_fn=lambda: tf_iterator(cfg, seed=1))
     resumed = read_metrics(part)
     assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
@@ -94,6 +94,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     trainer.train(cfg, wd, train_iter=tf_iterator(cfg))
     _, good = checkpointing.load_params(wd)
     cfg.train.steps, cfg.optim.learning_rate = 10, 1e30  # params blow up, then the loss
+    os.remove(os.path.join(wd, "config.json"))  # the config guard would refuse the new lr
     with pytest.raises(UserError, match=r"step [56] was not finite .*last checkpoint \(4\) "
                                         r"is good"):
         trainer.train(cfg, wd, train_iter=tf_iterator(cfg))
@@ -133,6 +134,7 @@ def test_update_that_overflows_the_params_stops_even_when_skipping_nan_steps(tmp
     wd = str(tmp_path / "run")
     trainer.train(cfg, wd, train_iter=tf_iterator(cfg))
     cfg.train.steps, cfg.optim.learning_rate = 10, 1e30  # finite gradients, huge update
+    os.remove(os.path.join(wd, "config.json"))  # the config guard would refuse the new lr
     with pytest.raises(UserError, match=r"step 5 was not finite \(the update overflowed the "
                                         r"parameters.*last checkpoint \(4\) is good"):
         trainer.train(cfg, wd, train_iter=tf_iterator(cfg))

@@ -26,8 +26,9 @@ EncoderDecoder (T5)::
     decoder/decoder_norm/scale
     decoder/logits_dense/kernel                      [D, V] (tie_embeddings=False, T5 v1.1)
 
-  shared_encoder_decoder=True: no encoder/layers; the encoder runs decoder/layers (skipping
-  their cross-attention). Relative biases and final norms stay separate.
+  shared_encoder_decoder=True: no encoder params; the encoder runs decoder/layers (skipping
+  their cross-attention), decoder/relpos_bias (with bidirectional buckets) and
+  decoder/decoder_norm, as the paper's reference shares all of them.
 
 DecoderOnly (GPT-2: position="learned", layernorm with bias, use_bias=True)::
 
@@ -89,8 +90,9 @@ class EncoderDecoder(nn.Module):
 
     def setup(self):
         self.token_embedder = _token_embedder(self.cfg)
-        self.encoder = Stack(self.cfg, "encoder", self.token_embedder)
         self.decoder = Stack(self.cfg, "decoder", self.token_embedder, cross=True)
+        self.encoder = Stack(self.cfg, "encoder", self.token_embedder,
+                             shared=self.decoder if self.cfg.shared_encoder_decoder else None)
 
     def __call__(self, batch, deterministic=True):
         encoded_BSD = self.encode(batch["encoder_input_tokens"], batch.get("encoder_segment_ids"),
@@ -103,9 +105,8 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
                deterministic=True):
-        shared = self.decoder.layers if self.cfg.shared_encoder_decoder else None
         return self.encoder(encoder_input_tokens, encoder_positions, encoder_segment_ids,
-                            deterministic=deterministic, layers=shared)
+                            deterministic=deterministic)
 
     def decode(self, decoder_input_tokens, encoded, encoder_input_tokens, decoder_positions=None,
                decoder_segment_ids=None, encoder_segment_ids=None, decode=False,

@@ -214,10 +214,10 @@ class RelativePositionBias(nn.Module):
     num_heads: int
     bidirectional: bool
 
-    def bucket(self, rel):  # rel = key_pos - query_pos
+    def bucket(self, rel, bidirectional=None):  # rel = key_pos - query_pos
         n = self.num_buckets
         ret = 0
-        if self.bidirectional:
+        if self.bidirectional if bidirectional is None else bidirectional:
             n //= 2
             ret = (rel > 0).astype(jnp.int32) * n
             rel = jnp.abs(rel)
@@ -232,11 +232,13 @@ class RelativePositionBias(nn.Module):
         return ret + jnp.where(is_small, rel, large)
 
     @nn.compact
-    def __call__(self, q_pos_BQ, k_pos_BS):
+    def __call__(self, q_pos_BQ, k_pos_BS, bidirectional=None):
+        """``bidirectional`` overrides the attribute (a shared encoder-decoder's encoder reads
+        its decoder's table with bidirectional buckets)."""
         table_HN = self.param("rel_embedding", nn.with_logical_partitioning(
             nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
             ("heads", "relpos_buckets")), (self.num_heads, self.num_buckets), jnp.float32)
-        buckets_BQS = self.bucket(k_pos_BS[:, None, :] - q_pos_BQ[:, :, None])
+        buckets_BQS = self.bucket(k_pos_BS[:, None, :] - q_pos_BQ[:, :, None], bidirectional)
         return jnp.transpose(table_HN[:, buckets_BQS], (1, 0, 2, 3))  # [B, H, Q, S]
 
 

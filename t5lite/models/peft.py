@@ -9,7 +9,7 @@ scan_layers=True, and the base params keep their T5X names:
     .../{query,key,value,out,wi,wo,...}/lora_b   [r, out...]   (LoRA B, zeros: step 0 = base)
     .../{attention,self_attention,encoder_decoder_attention}/ia3_key, ia3_value  [H, K] (ones)
     .../mlp/ia3_mlp                              [F] (ones)
-    .../layers/{attention,self_attention,cross_attention,mlp}_adapter/{down,up}/...  (up = 0)
+    .../layers/mlp_adapter/{layer_norm,wi,wo}/...  (after the MLP; wo = 0)
     .../{attention,self_attention}/prefix_key, prefix_value  [N, H, K]
     encoder/prompt (decoder/prompt for decoder-only models)  [N, D]
 
@@ -117,30 +117,31 @@ def ia3_scale(module: nn.Module, name: str, x, axes):
 
 
 class Adapter(nn.Module):
-    """Bottleneck adapter y + up(gelu(down(y))) (Houlsby et al., 2019); ``up`` starts at zero,
-    so the adapter is the identity at init."""
+    """The T5 paper's adapter layer (Section 3.5.1, Table 10): x + wo(relu(wi(norm(x)))), a
+    dense-ReLU-dense block (no biases, as T5's dense layers) with its own layer norm and
+    residual, after each feed-forward sub-layer; ``wo`` starts at zero, so the adapter is the
+    identity at init."""
 
     cfg: Any
 
     @nn.compact
-    def __call__(self, y_BLD):
+    def __call__(self, x_BLD, deterministic=True):
         from t5lite.models import layers as L
         cfg = self.cfg
         dtype = L.compute_dtype(cfg)
-        h = L.DenseGeneral((cfg.peft.adapter_dim,), ("embed", None), use_bias=True, dtype=dtype,
+        h = L.make_norm(cfg, "layer_norm")(x_BLD)
+        h = L.DenseGeneral((cfg.peft.adapter_dim,), ("embed", None), dtype=dtype,
                            init=nn.initializers.variance_scaling(1.0, "fan_in",
                                                                  "truncated_normal"),
-                           name="down")(y_BLD)
-        h = nn.gelu(h, approximate=True)
-        up = L.DenseGeneral((cfg.d_model,), (None, "embed"), use_bias=True, dtype=dtype,
-                            init=nn.initializers.zeros, name="up")(h)
-        return y_BLD + up
+                           name="wi")(h)
+        y = L.DenseGeneral((cfg.d_model,), (None, "embed"), dtype=dtype,
+                           init=nn.initializers.zeros, name="wo")(nn.relu(h))
+        return x_BLD + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
 
 
-def adapter(cfg, stem: str):
-    """The adapter after sub-layer ``stem`` (attention, self_attention, cross_attention, mlp),
-    or None when adapters are off."""
-    return Adapter(cfg, name=stem + ADAPTER_SUFFIX) if cfg.peft.adapter_dim else None
+def adapter(cfg):
+    """The adapter after a block's feed-forward sub-layer, or None when adapters are off."""
+    return Adapter(cfg, name="mlp" + ADAPTER_SUFFIX) if cfg.peft.adapter_dim else None
 
 
 def add_prefix(module: nn.Module, cfg, k_BSHK, v_BSHK, bias_BHTS):

@@ -50,9 +50,6 @@ class Block(nn.Module):
             where = "pre" if cfg.pre_norm else "post"
             norm = L.make_norm(cfg, f"{where}_{stem}_layer_norm")
             y = fn(norm(x) if cfg.pre_norm else x)
-            adapter = peft.adapter(cfg, stem)  # PEFT bottleneck adapter (None when off)
-            if adapter is not None:
-                y = adapter(y)
             y = x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
             return y if cfg.pre_norm else norm(y)
 
@@ -66,6 +63,9 @@ class Block(nn.Module):
                 cfg, cross=True, name="encoder_decoder_attention")(
                     y, ctx["encoded"], ctx["cross_bias"], deterministic=deterministic))
         x_BLD = sublayer(x_BLD, "mlp", lambda y: L.MLP(cfg, name="mlp")(y, deterministic))
+        adapter = peft.adapter(cfg)  # PEFT adapter after the MLP (None when off)
+        if adapter is not None:
+            x_BLD = adapter(x_BLD, deterministic)
         x_BLD = L.constrain(x_BLD, ("batch", "length", "embed"))
         return (x_BLD, None) if self.scanned else x_BLD
 
@@ -99,6 +99,9 @@ class Stack(nn.Module):
     kind: str  # encoder | decoder
     embedder: nn.Module  # shared token embedding (T5X: top-level token_embedder)
     cross: bool = False  # decoder layers have cross-attention (encoder-decoder)
+    # shared encoder-decoder: the decoder Stack whose layers, relative position bias and final
+    # norm this encoder uses (the paper's "Enc-dec, shared", as its reference shares all)
+    shared: Optional[nn.Module] = None
 
     def setup(self):
         cfg = self.cfg
@@ -111,7 +114,7 @@ class Stack(nn.Module):
                                                ("token_types", "embed"), dtype, L.embed_init(cfg))
         if cfg.embed_norm:
             self.embed_norm = L.Norm(cfg.norm, cfg.norm_eps, dtype)
-        if cfg.position == "relative":
+        if cfg.position == "relative" and self.shared is None:
             bidirectional = self.kind == "encoder" or cfg.architecture == "prefix_lm"
             self.relpos_bias = L.RelativePositionBias(
                 cfg.relative_buckets, cfg.relative_max_distance, cfg.num_heads, bidirectional)
@@ -119,8 +122,9 @@ class Stack(nn.Module):
             self.decode_state = DecodeState()
         if self.num_prompt:
             self.prompt = peft.prompt_param(self, cfg)
-        self.layers = self._make_layers()
-        if cfg.pre_norm:
+        if self.shared is None:
+            self.layers = self._make_layers()
+        if cfg.pre_norm and self.shared is None:
             setattr(self, f"{self.kind}_norm", L.Norm(cfg.norm, cfg.norm_eps, dtype))
         if self.kind == "decoder" and not cfg.tie_embeddings:
             self.logits_dense = L.DenseGeneral((cfg.vocab_size,), ("embed", "vocab"),
@@ -192,8 +196,12 @@ class Stack(nn.Module):
                 q_pos, k_pos = (jnp.arange(t)[None],) * 2  # (packed) segment: one [1, H, L, L]
             else:
                 q_pos, k_pos = positions_BL, k_pos_BS
-            ctx["pos_bias"] = (self.relpos_bias(q_pos, k_pos) if cfg.position == "relative"
-                               else L.alibi_bias(q_pos, k_pos, cfg.num_heads))
+            if cfg.position == "relative":
+                bidirectional = self.kind == "encoder" or cfg.architecture == "prefix_lm"
+                owner = self if self.shared is None else self.shared
+                ctx["pos_bias"] = owner.relpos_bias(q_pos, k_pos, bidirectional)
+            else:
+                ctx["pos_bias"] = L.alibi_bias(q_pos, k_pos, cfg.num_heads)
         if decode:
             ctx["cache_index"] = index
         if cfg.position == "rope":
@@ -235,7 +243,8 @@ class Stack(nn.Module):
 
     def run_layers(self, x_BLD, ctx, deterministic=True, decode=False, layers=None):
         """``layers``: another stack's layers (shared encoder-decoder); default this stack's."""
-        layers = self.layers if layers is None else layers
+        if layers is None:
+            layers = self.layers if self.shared is None else self.shared.layers
         if self.cfg.scan_layers:
             x_BLD, _ = layers(x_BLD, ctx, deterministic, decode)
             return x_BLD
@@ -245,7 +254,8 @@ class Stack(nn.Module):
 
     def finish(self, x_BLD, deterministic=True):
         if self.cfg.pre_norm:
-            x_BLD = getattr(self, f"{self.kind}_norm")(x_BLD)
+            x_BLD = (getattr(self, f"{self.kind}_norm") if self.shared is None
+                     else self.shared.decoder_norm)(x_BLD)
         return self.dropout(x_BLD, deterministic=deterministic)
 
     def logits(self, x_BLD):

@@ -15,7 +15,12 @@ plus every local finetuning task, mixed
   multitask_equal            equally.
 The paper's K values are for C4 and GLUE/SuperGLUE/WMT-sized tasks; the local sets are
 smaller (sentiment 3k, translation 15k, Debian sets 47k examples, corpus 303k lines), so K is
-scaled by K_SCALE = 2^-5: K = 2^16 then caps the corpus near the largest task, as in the paper.
+scaled by K_SCALE = 2^-5 for them: K = 2^16 then caps the corpus near the largest task, as in
+the paper. At `--scale paper` the rows use paper_multitask_* instead: C4 plus the paper's
+benchmarks (TFDS) with the paper's K unscaled.
+
+Also registered for `--scale paper`: c4_<objective> (C4 from TFDS, t5 vocabulary) for every
+objective of the tables, and the paper's benchmarks (formats.register_paper_tasks).
 """
 
 from __future__ import annotations
@@ -38,6 +43,50 @@ def scaled_k(log2_k: int) -> int:
     return int(2 ** log2_k * K_SCALE)
 
 
+PAPER_MULTITASK_BASE = "c4_iid_denoising"
+# objective variants registered on C4 for --scale paper (c4_<name>): the built-in corpus
+# objectives and this module's rate / span variants
+C4_OBJECTIVES = ("span_corruption", "iid_denoising", "bert_denoising", "mass_denoising",
+                 "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm")
+
+
+def paper_multitask_members() -> list[str]:
+    from t5lite.tasks import formats
+    return ([PAPER_MULTITASK_BASE] + formats.PAPER_GLUE + formats.PAPER_SUPERGLUE
+            + ["paper_squad", "paper_cnn_dailymail", "paper_wmt_ende", "paper_wmt_enfr",
+               "paper_wmt_enro"])
+
+
+def register_paper(vocabulary="t5") -> None:
+    """--scale paper: C4 (TFDS c4/en, t5 vocabulary) with every objective of the tables, the
+    paper's benchmarks (formats.register_paper_tasks) and Table 11's mixtures of both with the
+    paper's own K (no K_SCALE). Nothing is read until a dataset is built; the TFDS data dir is
+    $TFDS_DATA_DIR (or ~/tensorflow_datasets)."""
+    import seqio
+    from t5lite.tasks import formats
+    c4 = lambda: seqio.TfdsDataSource(formats.TFDS["c4"], splits=["train", "validation"])
+    for objective in C4_OBJECTIVES:
+        registry.register_pretraining_task(f"c4_{objective}", objective, vocabulary=vocabulary,
+                                           source=c4(), from_lines=False)
+    for rate in IID_RATES:
+        registry.register_pretraining_task(f"c4_iid_denoising_rate{rate}", "iid_denoising",
+                                           vocabulary=vocabulary, source=c4(),
+                                           from_lines=False, noise_density=rate / 100)
+    for length in SPAN_LENGTHS:
+        registry.register_pretraining_task(f"c4_span_corruption_len{length}", "span_corruption",
+                                           vocabulary=vocabulary, source=c4(),
+                                           from_lines=False,
+                                           mean_noise_span_length=float(length))
+    formats.register_paper_tasks(vocabulary)
+    tasks = paper_multitask_members()
+    for k in MULTITASK_K:
+        registry.register_mixture(f"paper_multitask_k{k}", tasks, "proportional", cap=2 ** k)
+    for t in TEMPERATURES:
+        registry.register_mixture(f"paper_multitask_temperature{t}", tasks, "temperature",
+                                  cap=2 ** 21, temperature=float(t))
+    registry.register_mixture("paper_multitask_equal", tasks, "equal")
+
+
 def register() -> None:
     for rate in IID_RATES:
         registry.register_pretraining_task(f"corpus_iid_denoising_rate{rate}", "iid_denoising",
@@ -53,3 +102,4 @@ def register() -> None:
         registry.register_mixture(f"multitask_temperature{t}", tasks, "temperature",
                                   cap=scaled_k(21), temperature=float(t))
     registry.register_mixture("multitask_equal", tasks, "equal")
+    register_paper()

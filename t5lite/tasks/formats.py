@@ -83,9 +83,18 @@ SUPERGLUE = {b.name: b for b in [
               file_labels=("entailment", "contradiction", "neutral")),
     Benchmark("copa", ("choice1", "choice2", "premise", "question"), ("choice1", "choice2"),
               (metrics.accuracy,)),
+    # MultiRC: one example per (question, answer); T5 reports exact match per question and
+    # F1 over answers; here accuracy and F1 over the answers (no per-question grouping)
+    Benchmark("multirc", ("answer", "paragraph", "question"), ("False", "True"),
+              (metrics.f1_binary, metrics.accuracy)),
     Benchmark("rte", ("hypothesis", "premise"), ("entailment", "not_entailment"),
               (metrics.accuracy,), file_labels=("entailment", "not_entailment")),
+    Benchmark("wic", ("sentence1", "sentence2", "word"), ("False", "True"),
+              (metrics.accuracy,)),
+    Benchmark("wsc", ("span1_text", "span2_text", "text"), ("False", "True"),
+              (metrics.accuracy,)),
 ]}
+# ReCoRD (the eighth SuperGLUE task) is a cloze with entity answers: record_text below
 SUPERGLUE_FILES = {"train": "train.jsonl", "validation": "val.jsonl"}
 
 
@@ -262,7 +271,8 @@ def register_superglue(data_dir: str, tasks: Sequence[str] = tuple(SUPERGLUE),
                        prefix: str = "super_glue_",
                        vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:
     """super_glue_<task> from the official SuperGLUE jsonl (data_dir/BoolQ/train.jsonl ...)."""
-    dirs = {"boolq": "BoolQ", "cb": "CB", "copa": "COPA", "rte": "RTE"}
+    dirs = {"boolq": "BoolQ", "cb": "CB", "copa": "COPA", "rte": "RTE", "multirc": "MultiRC",
+            "wic": "WiC", "wsc": "WSC"}
     names = []
     for t in tasks:
         b = SUPERGLUE[t]
@@ -343,3 +353,90 @@ def register_wmt(split_to_files: Mapping[str, tuple], name: str = "wmt_t2t_ende"
                                   target_key=target[0])],
                vocabulary, [metrics.bleu])
     return name
+
+
+# ----------------------------------------------------------------------------- the paper (TFDS)
+
+# TFDS names and versions of the T5 paper's data (seqio.TfdsDataSource reads them from the TFDS
+# data dir: $TFDS_DATA_DIR or ~/tensorflow_datasets; `tfds build` them there first).
+TFDS = {
+    "c4": "c4/en:3.1.0",  # T5 read 3.0.1, which today's TFDS no longer builds
+    "glue": "glue/{task}:2.0.0",
+    "super_glue": "super_glue/{task}:1.0.2",
+    "squad": "squad/v1.1:3.0.0",
+    "cnn_dailymail": "cnn_dailymail:3.4.0",
+    "wmt_ende": "wmt_t2t_translate/de-en:1.0.0",
+    "wmt_enfr": "wmt14_translate/fr-en:1.0.0",
+    "wmt_enro": "wmt16_translate/ro-en:1.0.0",
+}
+PAPER_GLUE = [f"paper_glue_{t}" for t in GLUE]
+PAPER_SUPERGLUE = [f"paper_super_glue_{t}" for t in list(SUPERGLUE) + ["record"]]
+PAPER_TASKS = (["paper_glue", "paper_super_glue"] + PAPER_GLUE + PAPER_SUPERGLUE
+               + ["paper_squad", "paper_cnn_dailymail", "paper_wmt_ende", "paper_wmt_enfr",
+                  "paper_wmt_enro"])
+
+
+def record_text(dataset):
+    """ReCoRD (TFDS) -> "record query: Q entities: E1, E2 passage: P" -> an answer: one
+    example per answer (the first at evaluation, all answers kept for EM / F1), as T5."""
+    def fmt(x):
+        passage = tf.strings.regex_replace(x["passage"], r"(\.|\?|\!|\"|\')\n@highlight\n",
+                                           r"\1 ")
+        passage = tf.strings.regex_replace(passage, r"\n@highlight\n", ". ")
+        inputs = tf.strings.join(["record query:", x["query"], "entities:",
+                                  tf.strings.reduce_join(x["entities"], separator=", "),
+                                  "passage:", passage], " ")
+        answers = x["answers"]
+        n = tf.maximum(tf.size(answers), 1)
+        answers_or_empty = tf.cond(tf.size(answers) > 0, lambda: answers,
+                                   lambda: tf.constant([""]))
+        return {"inputs": tf.fill([n], inputs), "targets": answers_or_empty,
+                "answers": tf.repeat(tf.expand_dims(answers_or_empty, 0), n, axis=0)}
+    return dataset.map(fmt).unbatch()
+
+
+def _squad_tfds(dataset):
+    return dataset.map(lambda x: {"question": x["question"], "context": x["context"],
+                                  "answers": x["answers"]["text"]})
+
+
+def _wmt_tfds(src: str, tgt: str, src_name: str, tgt_name: str):
+    return functools.partial(translate_text, source_language=src_name,
+                             target_language=tgt_name, source_key=src, target_key=tgt)
+
+
+def register_paper_tasks(vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:
+    """The T5 paper's benchmarks from TFDS with the ``t5`` vocabulary (names in PAPER_TASKS):
+    paper_glue_<task> and the mixture paper_glue, paper_super_glue_<task> (all eight) and
+    paper_super_glue, paper_squad, paper_cnn_dailymail, paper_wmt_{ende,enfr,enro}. Nothing
+    is read until a dataset is built."""
+    src = seqio.TfdsDataSource
+    for t, b in GLUE.items():
+        splits = (["train", "validation_matched", "validation_mismatched"] if t == "mnli"
+                  else ["train", "validation", "test"])
+        _text_task(f"paper_glue_{t}", src(TFDS["glue"].format(task=t), splits=splits),
+                   [functools.partial(text_to_text, benchmark=b, prefix=t)], vocabulary,
+                   b.metric_fns, postprocessor(b))
+    for t, b in SUPERGLUE.items():
+        name = "wsc.fixed" if t == "wsc" else t
+        _text_task(f"paper_super_glue_{t}", src(TFDS["super_glue"].format(task=name),
+                                                splits=["train", "validation", "test"]),
+                   [functools.partial(text_to_text, benchmark=b, prefix=t)], vocabulary,
+                   b.metric_fns, postprocessor(b))
+    _text_task("paper_super_glue_record", src(TFDS["super_glue"].format(task="record"),
+                                              splits=["train", "validation", "test"]),
+               [record_text], vocabulary, [metrics.squad], metrics.qa_answers)
+    _text_task("paper_squad", src(TFDS["squad"], splits=["train", "validation"]),
+               [_squad_tfds, squad_text], vocabulary, [metrics.squad], metrics.qa_answers)
+    _text_task("paper_cnn_dailymail", src(TFDS["cnn_dailymail"],
+                                          splits=["train", "validation", "test"]),
+               [summarize_text], vocabulary, [metrics.rouge])
+    for key, (s, t, sn, tn) in {"wmt_ende": ("en", "de", "English", "German"),
+                                "wmt_enfr": ("en", "fr", "English", "French"),
+                                "wmt_enro": ("en", "ro", "English", "Romanian")}.items():
+        _text_task(f"paper_{key}", src(TFDS[key], splits=["train", "validation", "test"]),
+                   [_wmt_tfds(s, t, sn, tn)], vocabulary, [metrics.bleu])
+    registry.register_mixture("paper_glue", PAPER_GLUE, "proportional", cap=2 ** 21)
+    registry.register_mixture("paper_super_glue", PAPER_SUPERGLUE, "proportional",
+                              cap=2 ** 21)
+    return PAPER_TASKS

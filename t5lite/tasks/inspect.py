@@ -22,21 +22,48 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def list_tasks() -> str:
-    """One row per task (features, vocabulary, metrics) and per mixture (members)."""
+def _needs(task) -> list[str]:
+    """The local datasets (`t5lite data prepare` names) a task reads: its source files and its
+    vocabulary. Empty when it reads nothing t5lite prepares (e.g. TFDS formats)."""
+    from t5lite.tasks import registry, vocabularies
+    needs = []
+    paths = getattr(task.source, "_split_to_filepattern", None)
+    if isinstance(paths, registry._LocalPaths):
+        needs.append(paths._dataset)
+    for feat in task.output_features.values():
+        vocab = feat.vocabulary
+        name = getattr(vocab, "_prepare_name", None) or {
+            vocabularies.GPT2Vocabulary: "vocab_gpt2",
+            vocabularies.BertVocabulary: "vocab_bert"}.get(type(vocab))
+        if name and name not in needs:
+            needs.append(name)
+    return needs
+
+
+def task_rows() -> list[dict]:
+    """Per task and mixture: {"cells": [name, kind, features, vocabulary, metrics / members],
+    "needs": [dataset, ...]} (JSON-able: t5lite/listings.py caches it)."""
     import t5lite.tasks  # noqa: F401
-    rows = [["name", "kind", "features", "vocabulary", "metrics / members"]]
+    rows = []
     for name in sorted(seqio.TaskRegistry.names()):
         task = seqio.TaskRegistry.get(name)
         feats = task.output_features
         vocab = (feats.get("inputs") or feats.get("targets")).vocabulary
         metric_names = ",".join(getattr(f, "__name__", "fn") for f in task.metric_fns) or "-"
-        rows.append([name, "task", ",".join(feats), _vocab_name(vocab), metric_names])
+        rows.append({"cells": [name, "task", ",".join(feats), _vocab_name(vocab), metric_names],
+                     "needs": _needs(task)})
     for name in sorted(seqio.MixtureRegistry.names()):
         mix = seqio.MixtureRegistry.get(name)
-        rows.append([name, "mixture", ",".join(mix.tasks[0].output_features), "",
-                     " + ".join(t.name for t in mix.tasks)])
-    return _table(rows)
+        needs = list(dict.fromkeys(n for t in mix.tasks for n in _needs(t)))
+        rows.append({"cells": [name, "mixture", ",".join(mix.tasks[0].output_features), "",
+                               " + ".join(t.name for t in mix.tasks)], "needs": needs})
+    return rows
+
+
+def list_tasks() -> str:
+    """One row per task (features, vocabulary, metrics) and per mixture (members)."""
+    return _table([["name", "kind", "features", "vocabulary", "metrics / members"]]
+                  + [r["cells"] for r in task_rows()])
 
 
 def _decode(vocab, ids) -> str:

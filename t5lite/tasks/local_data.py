@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from tqdm.auto import tqdm
 
+from t5lite import progress  # tqdm bars on a terminal, plain lines in a log file
 from t5lite.errors import UserError
 
 MANIFEST = "MANIFEST.json"
@@ -568,7 +569,7 @@ def build_corpus(b: Builder, sources: Iterable[str] = tuple(CORPUS_SOURCES)) -> 
     docs = []
     fetcher = _SourceFetcher(b)
     stats = {}
-    for name in tqdm(list(sources), desc="corpus sources", unit="src"):
+    for name in progress.bar(list(sources), desc="corpus sources", unit="src"):
         s = stats[name] = {"documents": 0, "paragraphs": 0, "duplicates": 0, "short": 0,
                            "bytes": 0}
         for doc in CORPUS_SOURCES[name](fetcher):
@@ -832,6 +833,9 @@ def train_sentencepiece(corpus_path: str, model_path: str, vocab_size: int = 800
                 if len(sents) >= max_sentences:
                     break
     spm.set_random_generator_seed(0)
+    # SentencePiece reports no progress: say what runs and how long it took
+    tqdm.write(f"training SentencePiece ({vocab_size} pieces) on {len(sents):,} sentences ...")
+    t0 = time.time()
     prefix = model_path[:-len(".model")]
     os.makedirs(os.path.dirname(model_path), exist_ok=True)
     spm.SentencePieceTrainer.train(
@@ -840,6 +844,7 @@ def train_sentencepiece(corpus_path: str, model_path: str, vocab_size: int = 800
         pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=2,
         input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2)
     os.remove(prefix + ".vocab")
+    tqdm.write(f"trained SentencePiece in {time.time() - t0:.0f}s")
     from sentencepiece import sentencepiece_model_pb2
     proto = sentencepiece_model_pb2.ModelProto.FromString(open(model_path, "rb").read())
     proto.trainer_spec.model_prefix = "t5lite_sp"  # not the (machine-specific) output path
@@ -978,7 +983,7 @@ def prepare(names: Optional[Iterable[str]] = None, data_dir: str = "", force: bo
     fetcher = Fetcher(download_dir or os.path.join(root, "downloads"))
     with _lock(root):
         manifest = read_manifest(root)
-        for name in tqdm(todo, desc="t5lite data prepare", unit="dataset"):
+        for name in progress.bar(todo, desc="t5lite data prepare", unit="dataset"):
             if is_prepared(name, root) and not (force and name in explicit):
                 tqdm.write(f"{name}: up to date")
                 continue

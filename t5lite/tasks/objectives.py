@@ -12,7 +12,7 @@ different noise mask, inputs function and targets function:
   span corruption (Tab. 7) spans       noise_span_to_unique_sentinel   nonnoise_span_to_unique_...
   i.i.d. / replace spans   iid         noise_span_to_unique_sentinel   nonnoise_span_to_unique_...
   drop corrupted tokens    iid         drop_noise_tokens               drop_nonnoise_tokens
-  BERT-style               iid         noise_token_to_random_token_or_sentinel  original_tokens
+  BERT-style (90/10/0)     iid         noise_token_to_random_token_or_sentinel  original_tokens
   MASS-style               iid         noise_token_to_sentinel         original_tokens
 
 with deshuffling, prefix LM and full LM alongside. Corruption rate (Table 6) is
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from typing import Callable, Optional
 
 import seqio
@@ -39,6 +40,8 @@ map_over_dataset = seqio.map_over_dataset
 
 
 def _span_counts(tokens_length: int, noise_density: float, mean_noise_span_length: float):
+    """(noise tokens, non-noise tokens, noise spans) of a chunk, exactly as
+    random_spans_noise_mask computes them (both in float64 with round-half-to-even)."""
     num_noise = int(round(tokens_length * noise_density))
     num_noise = min(max(num_noise, 1), tokens_length - 1)
     num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
@@ -55,6 +58,12 @@ def random_spans_helper(inputs_length: int = 512, noise_density: float = 0.15,
     sentinel per span, EOS) still fit in inputs_length; targets_length is what its targets need
     (noise tokens, one sentinel per span, EOS). 512 at 0.15 / 3.0 gives (568, 114), the paper's
     setting.
+
+    Differs from T5's helper on purpose: T5 counts in float64 here but the mask counts in
+    float32 (e.g. 190 tokens at 0.15: 28.4999... -> 28 here, 28.500002 -> 29 in the mask), and
+    its density-0.5 trim takes one off both lengths without recounting; either way the targets
+    could come out longer than promised and seqio trimmed them silently. Here the mask uses the
+    same float64 count (``_span_counts``) and the trim recounts, so the promise is exact.
     """
     def lengths(tokens_length):
         num_noise, num_nonnoise, num_spans = _span_counts(
@@ -65,12 +74,12 @@ def random_spans_helper(inputs_length: int = 512, noise_density: float = 0.15,
     tokens_length = inputs_length - 1
     while lengths(tokens_length + 1)[0] <= inputs_length:
         tokens_length += 1
-    _, targets_length = lengths(tokens_length)
-    # At density 0.5 the targets can come out one longer than the inputs; trim for symmetry.
-    if noise_density == 0.5 and targets_length > inputs_length:
+    # At density 0.5 the targets can come out one longer than the inputs; trim for symmetry
+    # (T5's choice), recounting the lengths of the shorter chunk.
+    while (noise_density == 0.5 and lengths(tokens_length)[1] > inputs_length
+           and tokens_length > 2):
         tokens_length -= 1
-        targets_length -= 1
-    return tokens_length, targets_length
+    return tokens_length, lengths(tokens_length)[1]
 
 
 # ----------------------------------------------------------------------------- noise masks
@@ -93,9 +102,10 @@ def random_spans_noise_mask(length, noise_density, seeds, mean_noise_span_length
     """
     orig_length = length
     length = tf.maximum(length, 2)
-    num_noise = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
+    # float64, as _span_counts / random_spans_helper (T5 used float32 here: see the helper)
+    num_noise = tf.cast(tf.round(tf.cast(length, tf.float64) * noise_density), tf.int32)
     num_noise = tf.clip_by_value(num_noise, 1, length - 1)
-    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length),
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float64) / mean_noise_span_length),
                         tf.int32)
     num_spans = tf.maximum(num_spans, 1)
     noise_lengths = _random_segmentation(num_noise, num_spans, seeds[0])
@@ -137,8 +147,27 @@ def noise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None):
 
 
 def nonnoise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None):
-    """Targets of span corruption: the noise spans, each preceded by its sentinel."""
-    return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary, seeds)
+    """Targets of span corruption: the noise spans, each preceded by its sentinel (noise span
+    k -> vocab_size - 1 - k, the sentinel that replaced it in the inputs).
+
+    T5 replaces each non-noise span by the next sentinel instead, which is the same when the
+    first token is kept (always so for random_spans_noise_mask) but, when the first token is
+    noise (i.i.d. masks), leaves the first span without a sentinel and pairs every later span
+    with its neighbour's sentinel. Here a first-token noise span gets vocab_size - 1 and the
+    rest shift down by one, so inputs and targets always agree.
+    """
+    del seeds
+    nonnoise = tf.logical_not(noise_mask)
+    prev_nonnoise = tf.pad(nonnoise[:-1], [[1, 0]])
+    first_nonnoise = tf.logical_and(nonnoise, tf.logical_not(prev_nonnoise))
+    starts_noise = tf.cast(noise_mask[0], tokens.dtype)
+    sentinel = (vocabulary.vocab_size - starts_noise
+                - tf.cumsum(tf.cast(first_nonnoise, tokens.dtype)))
+    out = tf.boolean_mask(tf.where(first_nonnoise, sentinel, tokens),
+                          tf.logical_not(tf.logical_and(nonnoise, prev_nonnoise)))
+    lead = tf.fill(tf.cast([starts_noise], tf.int32),
+                   tf.cast(vocabulary.vocab_size - 1, tokens.dtype))
+    return tf.concat([lead, out], 0)
 
 
 def drop_noise_tokens(tokens, noise_mask, vocabulary=None, seeds=None):
@@ -208,6 +237,16 @@ def _vocab(output_features, key="targets"):
         output_features["inputs"].vocabulary)
 
 
+def _chunks(tokens, length: int) -> tf.data.Dataset:
+    """A 1-D token tensor -> its consecutive chunks of ``length`` (the last may be shorter)."""
+    n = tf.size(tokens)
+    num_full = n // length
+    rem = n - num_full * length
+    row_lengths = tf.concat([tf.fill([num_full], length), tf.boolean_mask([rem], [rem > 0])], 0)
+    return tf.data.Dataset.from_tensor_slices(tf.RaggedTensor.from_row_lengths(tokens,
+                                                                               row_lengths))
+
+
 def concat_and_split(ds: tf.data.Dataset, length: int, key: str = "targets",
                      batch_size: int = 128, separator_id: Optional[int] = None):
     """Concatenate the token sequences of consecutive examples (up to batch_size at a time)
@@ -219,19 +258,16 @@ def concat_and_split(ds: tf.data.Dataset, length: int, key: str = "targets",
     if separator_id is not None:
         ds = ds.map(lambda t: tf.concat([t, tf.constant([separator_id], t.dtype)], 0))
     ds = ds.filter(lambda t: tf.size(t) > 0)
-    ds = ds.ragged_batch(batch_size)
+    ds = ds.ragged_batch(batch_size).flat_map(lambda rt: _chunks(rt.flat_values, length))
+    return ds.map(lambda t: {key: t}, num_parallel_calls=tf.data.AUTOTUNE)
 
-    def split(rt):
-        tokens = rt.flat_values
-        n = tf.size(tokens)
-        num_full = n // length
-        rem = n - num_full * length
-        row_lengths = tf.concat([tf.fill([num_full], length),
-                                 tf.boolean_mask([rem], [rem > 0])], 0)
-        return tf.data.Dataset.from_tensor_slices(
-            tf.RaggedTensor.from_row_lengths(tokens, row_lengths))
 
-    ds = ds.flat_map(split)
+def split_documents(ds: tf.data.Dataset, length: int, key: str = "targets"):
+    """Cut each example's tokens into chunks of ``length`` (the last of a document may be
+    shorter); no chunk spans two documents (T5's select_random_chunk + split_tokens, used by
+    its prefix-LM and deshuffling objectives). Drops every feature except ``key``."""
+    ds = ds.map(lambda x: x[key], num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.filter(lambda t: tf.size(t) > 0).flat_map(lambda t: _chunks(t, length))
     return ds.map(lambda t: {key: t}, num_parallel_calls=tf.data.AUTOTUNE)
 
 
@@ -272,9 +308,7 @@ def denoise(dataset, output_features, sequence_length=None, *, noise_density=0.1
             if in_fn is noise_span_to_unique_sentinel and mask_fn is random_spans_noise_mask:
                 tokens_length, _ = random_spans_helper(
                     inputs_length, noise_density, mean_noise_span_length)
-            elif in_fn is drop_noise_tokens:
-                tokens_length = int((inputs_length - 1) / (1.0 - noise_density))
-            else:
+            else:  # every i.i.d. row, "drop corrupted tokens" too (the paper's 511-token chunks)
                 tokens_length = inputs_length - 1
         dataset = concat_and_split(dataset, tokens_length)
         if mask_fn is random_spans_noise_mask and in_fn is noise_span_to_unique_sentinel:
@@ -301,8 +335,11 @@ iid_denoising = functools.partial(denoise, noise_mask="iid")
 replace_spans = iid_denoising
 drop_tokens = functools.partial(denoise, noise_mask="iid", inputs_fn="drop_noise_tokens",
                                 targets_fn="drop_nonnoise_tokens")
+# The paper's "BERT-style" row (Section 3.3.1, T5's bert-style gin): of the corrupted tokens 90%
+# become the mask token and 10% a random token, none kept (BERT itself keeps 10%: bert_mlm).
 bert_style_denoising = functools.partial(
-    denoise, noise_mask="iid", inputs_fn="noise_token_to_random_token_or_sentinel",
+    denoise, noise_mask="iid", inputs_fn=functools.partial(
+        noise_token_to_random_token_or_sentinel, mask_prob=0.9, random_prob=0.1),
     targets_fn="original_tokens")
 mass_style_denoising = functools.partial(
     denoise, noise_mask="iid", inputs_fn="noise_token_to_sentinel",
@@ -310,9 +347,10 @@ mass_style_denoising = functools.partial(
 
 
 def deshuffling(dataset, output_features, sequence_length=None, tokens_length=None):
-    """Inputs: the chunk's tokens in random order; targets: the original order."""
+    """Inputs: the chunk's tokens in random order; targets: the original order. Chunks come
+    from one document each (split_documents)."""
     length = tokens_length or ((sequence_length or {}).get("inputs") or 512) - 1
-    dataset = concat_and_split(dataset, length)
+    dataset = split_documents(dataset, length)
 
     @map_over_dataset(num_seeds=1)
     def shuffle(features, seed):
@@ -325,11 +363,12 @@ def deshuffling(dataset, output_features, sequence_length=None, tokens_length=No
 def prefix_lm(dataset, output_features, sequence_length=None):
     """Split a chunk at a uniformly random point: prefix -> inputs, the rest -> targets.
 
-    Chunks are min(inputs_length, targets_length - 1) tokens, so every split point fits
-    (the targets get EOS, the inputs none); packing fills the rest of a decoder row.
+    Chunks are min(inputs_length, targets_length - 1) tokens of one document each (as T5's
+    prefix_lm), so every split point fits (the targets get EOS, the inputs none); packing fills
+    the rest of a decoder row.
     """
     lengths = sequence_length or {"inputs": 512, "targets": 512}
-    dataset = concat_and_split(dataset, min(lengths["inputs"], lengths["targets"] - 1))
+    dataset = split_documents(dataset, min(lengths["inputs"], lengths["targets"] - 1))
 
     @map_over_dataset(num_seeds=1)
     def split_point(features, seed):
@@ -339,6 +378,43 @@ def prefix_lm(dataset, output_features, sequence_length=None):
         return {"inputs": tokens[:k], "targets": tokens[k:]}
 
     return split_point(dataset.filter(lambda x: tf.size(x["targets"]) >= 2))
+
+
+def iid_targets_length(inputs_length: int, noise_density: float) -> int:
+    """Targets length for i.i.d. corruption with spans -> sentinels on inputs_length - 1
+    tokens: noise + one sentinel per noise run (expected n d (1 - d)) + EOS, 25% headroom,
+    rounded up to a multiple of 8."""
+    n = inputs_length - 1
+    expected = n * noise_density + n * noise_density * (1 - noise_density) + 1
+    return int(math.ceil(1.25 * expected / 8) * 8)
+
+
+def iid_denoising_lm(dataset, output_features, sequence_length=None, noise_density=0.15):
+    """The paper's denoising baseline for a decoder-only LM (Table 2, "Language model" x
+    "Denoising"): i.i.d. replace-spans on the same chunks as the encoder-decoder row with
+    inputs length L, where ``targets`` = L + iid_targets_length(L) (the largest such L that
+    fits), then one sequence inputs EOS targets (inputs_then_targets)."""
+    total = ((sequence_length or {}).get("targets") or 512)
+    inputs_length = 2
+    while inputs_length + 1 + iid_targets_length(inputs_length + 1, noise_density) <= total:
+        inputs_length += 1
+    dataset = iid_denoising(dataset, output_features, {"inputs": inputs_length},
+                            noise_density=noise_density)
+    return inputs_then_targets(dataset, output_features)
+
+
+def inputs_then_targets(dataset, output_features, sequence_length=None):
+    """text2text -> text2self for a decoder-only language model: targets = inputs, EOS,
+    targets (the reference's delimited LM, whose loss covers the whole concatenation: the
+    paper's "next-step prediction over the concatenated input sequence"). Run it after the
+    objective; append_eos_after_trim then ends the targets."""
+    eos = _vocab(output_features).eos_id
+
+    def concat(x):
+        t = x["targets"]
+        return {"targets": tf.concat([x["inputs"], tf.constant([eos], t.dtype), t], 0)}
+
+    return dataset.map(concat, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def full_lm(dataset, output_features, sequence_length=None):

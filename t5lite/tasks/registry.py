@@ -162,7 +162,7 @@ OBJECTIVES = {
     "iid_denoising": ([objectives.iid_denoising], "encdec",
                       "i.i.d. 15% noise, each corrupted span -> one sentinel (paper baseline)"),
     "bert_denoising": ([objectives.bert_style_denoising], "encdec",
-                       "BERT-style: 15% of tokens, 80% mask / 10% random / 10% kept; "
+                       "BERT-style (the paper's): 15% of tokens, 90% mask / 10% random; "
                        "target = original text"),
     "mass_denoising": ([objectives.mass_style_denoising], "encdec",
                        "MASS-style: 15% of tokens -> mask; target = original text"),
@@ -171,6 +171,9 @@ OBJECTIVES = {
     "deshuffling": ([objectives.deshuffling], "encdec", "shuffled tokens -> original order"),
     "prefix_lm": ([objectives.prefix_lm], "prefix", "random split: prefix -> continuation"),
     "lm": ([objectives.full_lm], "lm", "decoder language modelling"),
+    "iid_denoising_lm": ([objectives.iid_denoising_lm], "lm",
+                         "i.i.d. 15% denoising as one sequence (inputs EOS targets) for a "
+                         "decoder-only LM, loss on all of it"),
     "mlm": ([functools.partial(objectives.bert_pairs, nsp=True), objectives.bert_mlm],
             "bert_nsp", "BERT: MLM (15%, 80/10/10) + next sentence prediction"),
     "mlm_only": ([objectives.bert_single, objectives.bert_mlm], "bert",
@@ -182,6 +185,7 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
                               vocabulary: Union[str, seqio.Vocabulary] = DEFAULT_VOCAB,
                               max_tokens: Optional[int] = None,
                               source: Optional[seqio.DataSource] = None,
+                              from_lines: bool = True,
                               **objective_kwargs) -> seqio.Task:
     """A corpus task with one objective; ``objective_kwargs`` set its parameters (e.g.
     noise_density=0.5, mean_noise_span_length=10, inputs_fn=...: any row of the paper's
@@ -198,10 +202,13 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
                 "lm": lambda: text_features(vocab, inputs=False),
                 "bert": lambda: bert_features(vocab),
                 "bert_nsp": lambda: bert_features(vocab, nsp=True)}[layout]()
-    pre = [line_to_text, functools.partial(seqio.preprocessors.rekey, key_map={key: "text"}),
-           seqio.preprocessors.tokenize]
+    # from_lines=False: the source already gives {"text": ...} (e.g. TFDS c4/en)
+    pre = ([line_to_text] if from_lines else []) + [
+        functools.partial(seqio.preprocessors.rekey, key_map={key: "text"}),
+        seqio.preprocessors.tokenize]
     if max_tokens:
         pre.append(functools.partial(objectives.limit_tokens, max_tokens=max_tokens, key=key))
+    pre.append(seqio.CacheDatasetPlaceholder())  # `t5lite data cache`: tokenized text, once
     pre += list(steps)
     if not layout.startswith("bert"):
         pre.append(seqio.preprocessors.append_eos_after_trim)

@@ -1,0 +1,541 @@
+"""The catalogue of ways a hostile but ordinary user can hurt a run (issue "never lose a run").
+
+Each case starts from a copy of one trained tiny workdir (checkpoints 2 and 4, metrics lines
+1-4), does one thing to it, and asserts the exit code, a one-line message that names the fix,
+and that every checkpoint, metrics line and config that existed is still there (hash of every
+file before / after; a damaged step may only have moved to corrupt_checkpoints/, unchanged).
+In-process through t5lite.cli.main where possible; subprocesses only for signals, lock races
+and what needs another user (root ignores file modes).
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from t5lite import cli
+from train_helpers import enable_compilation_cache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = enable_compilation_cache()
+BASE = [
+    "model.vocab_size=768", "model.d_model=32", "model.num_heads=4", "model.head_dim=8",
+    "model.d_ff=64", "model.num_encoder_layers=1", "model.num_decoder_layers=1",
+    "data.feature_lengths={'inputs': 32, 'targets': 8}", "data.batch_size=8",
+    "train.steps=4", "train.log_every=1", "train.eval_every=0", "train.eval_steps=0",
+    "train.prepare_data=()", "checkpoint.every_steps=2", "checkpoint.keep=3",
+]
+
+
+def train_args(workdir, *extra, steps=None):
+    args = ["train", "--config", "configs/quickstart.py", "--workdir", str(workdir)]
+    for item in BASE + ([f"train.steps={steps}"] if steps else []):
+        args += ["--set", item]
+    return args + list(extra)
+
+
+def run_cli(capsys, args):
+    """-> (exit code, stderr lines that are t5lite's own, all output)."""
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    mine = [line for line in err.splitlines() if line.startswith("t5lite:")]
+    return code, mine, out + err
+
+
+def snapshot(workdir) -> dict:
+    """relative path -> sha256 of every file (TensorBoard event files and the lock aside);
+    "rows" -> the metrics records."""
+    out = {}
+    for dirpath, _, files in os.walk(workdir):
+        for f in files:
+            rel = os.path.relpath(os.path.join(dirpath, f), workdir)
+            if rel.startswith("tensorboard") or rel == ".lock":
+                continue
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                out[rel] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def rows_upto(workdir, step):
+    return [r for r in metrics_rows(workdir) if r["step"] <= step]
+
+
+def metrics_rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def assert_kept(before: dict, workdir, moved_step=None, metrics_upto=None, old_rows=None):
+    """Every file of `before` is still there, byte for byte: in place, or (moved_step) under
+    corrupt_checkpoints/<step>.<time>[.data_state]/. metrics.jsonl may only have lost lines
+    after `metrics_upto` (the step it resumed from) and gained new ones."""
+    after = snapshot(workdir)
+    moved = {}
+    if moved_step is not None:
+        for rel, digest in after.items():
+            parts = rel.split(os.sep)
+            if parts[0] == "corrupt_checkpoints" and parts[1].startswith(f"{moved_step}."):
+                sub = "data_state" if parts[1].endswith(".data_state") else "checkpoints"
+                moved[os.path.join(sub, str(moved_step), *parts[2:])] = digest
+    for rel, digest in before.items():
+        if rel == "metrics.jsonl" and metrics_upto is not None:
+            continue
+        if rel == "config.json" and "config.1.json" in after and "config.1.json" not in before:
+            assert after["config.1.json"] == digest, "the previous config was not kept"
+            continue
+        now = moved.get(rel) if moved_step is not None and rel.startswith((
+            f"checkpoints/{moved_step}/", f"data_state/{moved_step}/")) else after.get(rel)
+        assert now == digest, f"{rel} changed or vanished"
+    if metrics_upto is not None:
+        assert rows_upto(workdir, metrics_upto) == [r for r in old_rows
+                                                    if r["step"] <= metrics_upto]
+    return after
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+    """A 4-step run: checkpoints 2, 4; data_state 2, 4; metrics lines 1-4."""
+    wd = tmp_path_factory.mktemp("trained") / "run"
+    assert cli.main(train_args(wd)) == 0
+    assert sorted(os.listdir(wd / "checkpoints")) == ["2", "4"]
+    return wd
+
+
+@pytest.fixture
+def wd(trained, tmp_path):
+    dst = tmp_path / "run"
+    shutil.copytree(trained, dst)
+    return dst
+
+
+def _env(data_dir, devices=1):
+    return dict(os.environ, T5LITE_DATA_DIR=data_dir, JAX_PLATFORMS="cpu",
+                TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, JAX_COMPILATION_CACHE_DIR=CACHE,
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+
+
+# ---------------------------------------------------------------------------- refusals
+# Each of these stops before writing anything: exit 2, one line, the workdir unchanged.
+
+REFUSALS = {
+    # item 1: a shape change is named, never "corruption"
+    "shape_change": (["--set", "model.d_ff=96"],
+                     r"model\.d_ff 64 -> 96.*new --workdir.*checkpoint\.init_from"),
+    "dtype_and_objective_change": (["--set", "model.dtype=bfloat16", "--set", "optim.name=adamw"],
+                                   r"model\.dtype 'float32' -> 'bfloat16'.*optim\.name"),
+    # a safe change still needs the explicit flag
+    "steps_change_without_flag": (["--set", "train.steps=6"],
+                                  r"train\.steps 4 -> 6.*--allow-config-change"),
+    "unsafe_change_with_flag": (["--set", "data.seed=3", "--allow-config-change"],
+                                r"data\.seed 0 -> 3.*new --workdir"),
+    # item 8: nonsense values fail at load
+    "log_every_zero": (["--set", "train.log_every=0"], r"train\.log_every=0 .* >= 1"),
+    "negative_steps": (["--set", "train.steps=-3"], r"train\.steps=-3 .* >= 0"),
+    "negative_every_steps": (["--set", "checkpoint.every_steps=-1"],
+                             r"checkpoint\.every_steps=-1 .* >= 0"),
+    "negative_keep": (["--set", "checkpoint.keep=-1"], r"checkpoint\.keep=-1 .* >= 0"),
+    "infinite_learning_rate": (["--set", "optim.learning_rate=1e999"],
+                               r"optim\.learning_rate=inf is not a finite number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_refusals_leave_the_workdir_unchanged(case, wd, capsys):
+    extra, pattern = REFUSALS[case]
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd, *extra))
+    assert code == 2, out[-3000:]
+    assert len(lines) == 1 and "Traceback" not in out, out[-3000:]
+    assert re.search(pattern, lines[0]), lines
+    assert snapshot(wd) == before
+    assert not os.path.exists(wd / ".lock")
+
+
+def test_shape_mismatch_behind_the_guard_is_not_corruption(wd, capsys):
+    """config.json deleted, then another shape: the checkpoints' own shapes stop the run;
+    nothing is moved to corrupt_checkpoints and no config.json is written for them."""
+    os.remove(wd / "config.json")
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd, "--set", "model.d_ff=96"))
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out, out[-3000:]
+    assert re.search(r"checkpoint step 4 .* other shapes or dtypes .* \[1, 32, 64\] float32.*"
+                     r"\[1, 32, 96\] float32.*checkpoint\.init_from", lines[0]), lines
+    assert snapshot(wd) == before and not os.path.exists(wd / "corrupt_checkpoints")
+
+
+def test_config_file_with_an_error_names_file_and_line(wd, tmp_path, capsys):
+    bad = tmp_path / "bad_config.py"
+    bad.write_text("from t5lite.config import Config\n\n\ndef get_config():\n"
+                   "    cfg = Config()\n    cfg.train.steps = stepz\n    return cfg\n")
+    broken = tmp_path / "broken_config.py"
+    broken.write_text("def get_config(:\n    pass\n")
+    before = snapshot(wd)
+    for path, pattern in ((bad, r"bad_config\.py:6: NameError: name 'stepz'"),
+                          (broken, r"broken_config\.py:1: syntax error")):
+        code, lines, out = run_cli(capsys, ["train", "--config", path, "--workdir", wd])
+        assert code == 2 and len(lines) == 1 and "Traceback" not in out, out[-2000:]
+        assert re.search(pattern, lines[0]), lines
+    assert snapshot(wd) == before
+
+
+def test_workdir_that_is_a_file(tmp_path, capsys):
+    f = tmp_path / "notadir"
+    f.write_text("precious")
+    code, lines, out = run_cli(capsys, train_args(f))
+    assert code == 2 and len(lines) == 1, out[-2000:]
+    assert "is a file, not a directory" in lines[0]
+    assert f.read_text() == "precious"
+
+
+# ---------------------------------------------------------------------------- lock (item 2)
+
+HOLD = ("import sys, time\nfrom t5lite.workdir import WorkdirLock\n"
+        "WorkdirLock(sys.argv[1]).acquire()\nprint('locked', flush=True)\ntime.sleep(120)\n")
+
+
+def test_second_run_on_a_locked_workdir_refuses_naming_the_holder(wd, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(wd)], cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(wd)
+        code, lines, out = run_cli(capsys, train_args(wd))
+        assert code == 2 and len(lines) == 1, out[-2000:]
+        assert f"pid {holder.pid} on host " in lines[0] and "another --workdir" in lines[0]
+        assert snapshot(wd) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_lock_race_has_exactly_one_winner(tmp_path):
+    """Eight processes lock one workdir at the same moment: one holds it, seven refuse."""
+    script = ("import sys, time\nfrom t5lite.workdir import WorkdirLock\n"
+              "from t5lite.errors import UserError\n"
+              "while time.time() < float(sys.argv[2]): pass\n"
+              "try:\n    WorkdirLock(sys.argv[1]).acquire(); print('won', flush=True)\n"
+              "except UserError as e:\n    print('lost', e, flush=True)\n"
+              "time.sleep(3)\n")
+    start = time.time() + 2.0
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(start)],
+                              env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                              text=True) for _ in range(8)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert sum(o.startswith("won") for o in outs) == 1, outs
+    assert all(o.startswith("won") or "is in use by another t5lite train" in o for o in outs)
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(wd, capsys):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (wd / ".lock").write_text(json.dumps({"host": os.uname().nodename, "pid": dead.pid,
+                                          "started": "2026-01-01T00:00:00Z"}))
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd))  # finished run: restores, trains 0 steps
+    assert code == 0, out[-3000:]
+    assert f"took over the lock of a run that is gone (pid {dead.pid}" in out
+    assert snapshot(wd) == before and not os.path.exists(wd / ".lock")
+
+
+# ---------------------------------------------------------------------------- item 1: flag
+
+
+def test_safe_change_with_the_flag_keeps_the_old_config(wd, capsys):
+    old, old_rows = (wd / "config.json").read_text(), metrics_rows(wd)
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd, "--allow-config-change", steps=6))
+    assert code == 0, out[-3000:]
+    assert (wd / "config.1.json").read_text() == old
+    assert json.loads((wd / "config.json").read_text())["train"]["steps"] == 6
+    assert_kept(before, wd, metrics_upto=4, old_rows=old_rows)
+    rows = [r for r in metrics_rows(wd) if r["split"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+
+
+# ---------------------------------------------------------------------------- item 4: damage
+
+
+def _damage_data_state(wd, how):
+    d = wd / "data_state" / "4"
+    if how == "deleted":
+        shutil.rmtree(d)
+    else:
+        for f in os.listdir(d):
+            if ".data-" in f:
+                (d / f).write_bytes(b"\x00garbage" * 7)
+
+
+@pytest.mark.parametrize("how", ["deleted", "garbage"])
+def test_damaged_data_state_falls_back_to_the_previous_step(wd, capsys, how):
+    ref = metrics_rows(wd)
+    before = snapshot(wd)
+    _damage_data_state(wd, how)
+    code, lines, out = run_cli(capsys, train_args(wd))
+    assert code == 0, out[-3000:]
+    assert "checkpoint step 4" in out and "data iterator state" in out and "previous" in out
+    before = {k: v for k, v in before.items() if not k.startswith("data_state/4")}
+    assert_kept(before, wd, moved_step=4, metrics_upto=2, old_rows=ref)
+    rows = {r["step"]: r for r in metrics_rows(wd) if r["split"] == "train"}
+    assert sorted(rows) == [1, 2, 3, 4]  # steps 3, 4 trained again from step 2's data position
+    for r in ref:  # ... on the same batches: the same losses
+        np.testing.assert_allclose(rows[r["step"]]["loss"], r["loss"], rtol=1e-5)
+    assert sorted(os.listdir(wd / "checkpoints")) == ["2", "4"]
+
+
+def test_torn_metrics_line_is_repaired(wd, capsys):
+    rows = metrics_rows(wd)
+    with open(wd / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "split": "tr')  # power loss mid-line
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd))
+    assert code == 0, out[-3000:]
+    assert metrics_rows(wd) == rows
+    assert (wd / "metrics.jsonl.damaged").read_text() == '{"step": 5, "split": "tr\n'
+    assert "moved to" in out and "metrics.jsonl.damaged" in out
+    assert_kept({k: v for k, v in before.items() if k != "metrics.jsonl"}, wd)
+
+
+# ---------------------------------------------------------------------------- item 7: inputs
+
+
+def test_training_data_missing_is_one_line_without_a_traceback(wd, data_dir, tmp_path,
+                                                                monkeypatch, capsys):
+    empty = tmp_path / "data"
+    shutil.copytree(data_dir, empty)
+    shutil.rmtree(empty / "corpus")
+    monkeypatch.setenv("T5LITE_DATA_DIR", str(empty))
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd))
+    assert code == 2 and len(lines) == 1, out[-3000:]
+    assert "Traceback" not in out and "corpus" in lines[0], out[-3000:]
+    assert snapshot(wd) == before
+
+
+def test_infer_input_and_output_checks(wd, tmp_path, capsys):
+    binary = tmp_path / "in.bin"
+    binary.write_bytes(b"good line\nsecond \xff\xfe line\n")
+    nul = tmp_path / "nul.txt"
+    nul.write_bytes(b"ok\n\x00\x01\x02\n")
+    text = tmp_path / "in.txt"
+    text.write_text("hello\n")
+    outdir = tmp_path / "outdir"
+    outdir.mkdir()
+    for args, pattern in (
+            (["--input", binary], r"line 2 is not UTF-8 text"),
+            (["--input", nul], r"line 2 contains NUL bytes"),
+            (["--input", text, "--output", outdir], r"--output .* is a directory")):
+        code, lines, out = run_cli(capsys, ["infer", "--checkpoint", wd, *args])
+        assert code == 2 and len(lines) == 1 and "Traceback" not in out, out[-2000:]
+        assert re.search(pattern, lines[0]), lines
+    assert os.listdir(outdir) == []
+
+
+def test_convert_import_of_a_malformed_model_dir(tmp_path, capsys):
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text('{"architectures": ["T5ForConditionalGeneration"], ')
+    (src / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    code, lines, out = run_cli(capsys, ["convert", "import", src, tmp_path / "dst"])
+    assert code == 2 and len(lines) == 1 and "is not valid JSON" in lines[0], out[-2000:]
+    (src / "config.json").write_text('{"architectures": ["T5ForConditionalGeneration"]}')
+    code, lines, out = run_cli(capsys, ["convert", "import", src, tmp_path / "dst"])
+    assert code == 2 and len(lines) == 1, out[-2000:]
+    assert "model.safetensors is not a readable safetensors weights file" in lines[0]
+    assert not os.path.exists(tmp_path / "dst" / "params")
+
+
+# ---------------------------------------------------------------------------- item 3: SIGTERM
+
+
+def test_sigterm_saves_at_the_next_step_and_exits_75(wd, capsys):
+    """SIGTERM mid-run (a real signal to this process, from a watcher thread): a checkpoint
+    at the next step boundary, exit 75 and the agreed line; the same command then resumes."""
+    import threading
+    args = train_args(wd, "--allow-config-change", steps=60)
+    seen = {}
+
+    def watch():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if os.path.exists(wd / "metrics.jsonl") and any(
+                    r["step"] >= 6 for r in metrics_rows(wd)):
+                seen["before"] = snapshot(wd)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.01)
+
+    # outside train() (which installs its own handler) a stray SIGTERM must not kill pytest
+    old = signal.signal(signal.SIGTERM, lambda *a: None)
+    try:
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        code, lines, out = run_cli(capsys, args)
+        watcher.join()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert code == 75 and len(lines) == 1, out[-3000:]
+    step = int(lines[0].split("preempted at step ")[1].split(":")[0])
+    assert lines[0] == (f"t5lite: preempted at step {step}: checkpoint saved; rerun the same "
+                        "command to resume")
+    assert 6 <= step < 60 and str(step) in os.listdir(wd / "checkpoints")
+    assert not [d for d in os.listdir(wd / "checkpoints") if "tmp" in d]
+    assert os.path.isdir(wd / "data_state" / str(step))
+    assert max(r["step"] for r in metrics_rows(wd)) == step
+    assert_kept({k: v for k, v in seen["before"].items() if k != "metrics.jsonl"}, wd)
+    assert not os.path.exists(wd / ".lock")
+    code, lines, out = run_cli(capsys, args)
+    assert code == 0, out[-3000:]
+    assert f"resumed from {wd}/checkpoints/{step}" in out
+    assert [r["step"] for r in metrics_rows(wd) if r["split"] == "train"] == list(range(1, 61))
+
+
+# ---------------------------------------------------------------------------- file modes
+# Root ignores file modes; as root these runs drop the capabilities that let it (setpriv).
+
+NO_DAC = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+          "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def _run_obeying_file_modes(args, data_dir):
+    prefix = NO_DAC if os.geteuid() == 0 else []
+    if prefix and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file modes cannot be tested")
+    return subprocess.run(prefix + [sys.executable, "-m", "t5lite.cli", *map(str, args)],
+                          cwd=ROOT, env=_env(data_dir), capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_read_only_workdir_is_one_line(wd, data_dir):
+    subprocess.run(["chmod", "-R", "a-w", wd], check=True)
+    try:
+        before = snapshot(wd)
+        r = _run_obeying_file_modes(train_args(wd), data_dir)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", wd], check=True)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("t5lite:")]
+    assert len(lines) == 1 and "is not writable" in lines[0], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    assert snapshot(wd) == before
+
+
+def test_unreadable_newest_checkpoint_falls_back(wd, data_dir):
+    before = snapshot(wd)
+    os.chmod(wd / "checkpoints" / "4", 0)
+    try:
+        r = _run_obeying_file_modes(train_args(wd), data_dir)
+    finally:
+        for d in os.listdir(wd / "checkpoints"):
+            os.chmod(wd / "checkpoints" / d, 0o755)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "checkpoint step 4" in out and "unreadable" in out and "previous" in out, out[-3000:]
+    assert f"resumed from {wd}/checkpoints/2" in out
+    moved = [d for d in os.listdir(wd / "checkpoints") if d.startswith("4.")]
+    assert len(moved) == 1 and moved[0].startswith("4.unreadable.")  # renamed, not lost
+    after = snapshot(wd)
+    for rel, digest in before.items():
+        if rel.startswith("checkpoints/4/"):
+            rel = rel.replace("checkpoints/4/", f"checkpoints/{moved[0]}/", 1)
+        if rel.startswith(("checkpoints", "config", "data_state/2")):
+            assert after[rel] == digest, rel
+    assert sorted(os.listdir(wd / "checkpoints"))[:2] == ["2", "4"]  # 4 trained again
+
+
+# ---------------------------------------------------------------------------- disk full
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A small tmpfs (root only): a real ENOSPC."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
+                       capture_output=True)
+    if r.returncode:
+        pytest.skip("needs root to mount a small tmpfs (a real full disk)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_disk_full_says_so_and_the_last_checkpoint_is_intact(trained, small_disk, capsys):
+    wd = small_disk / "run"
+    shutil.copytree(trained, wd, ignore=shutil.ignore_patterns("tensorboard"))
+    st = os.statvfs(small_disk)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    # room for a config and a few metrics lines, not for another checkpoint
+    subprocess.run(["mount", "-o", f"remount,size={used // 1024 + 96}k", str(small_disk)],
+                   check=True)
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd, "--allow-config-change", steps=8))
+    assert code == 2, out[-3000:]
+    assert len(lines) == 1 and "no space left on device" in lines[0], out[-3000:]
+    assert "last checkpoint (step 4) is intact" in lines[0]
+    after = snapshot(wd)
+    for rel, digest in before.items():
+        if rel.startswith(("checkpoints", "data_state/2", "data_state/4")):
+            assert after[rel] == digest, rel
+    assert after["config.1.json"] == before["config.json"]
+    # space again: the same command resumes, and no half-written save is left behind
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    code, lines, out = run_cli(capsys, train_args(wd, "--allow-config-change", steps=8))
+    assert code == 0, out[-3000:]
+    assert not [d for d in os.listdir(wd / "checkpoints") if "tmp" in d]
+    assert sorted(os.listdir(wd / "checkpoints"), key=int)[-1] == "8"
+
+
+# ---------------------------------------------------------------------------- item 6
+
+
+def _global_batches(make, num_shards, processes, n, restore=None, save=None, save_after=0):
+    """n global batches as `processes` processes would read them (rows in process order);
+    the iterator states go to `save` after `save_after` batches."""
+    from t5lite.tasks import pipeline
+    its = [pipeline.ShardedBatches(make, num_shards, 8, p, processes) for p in range(processes)]
+    for it in its:
+        if restore:
+            it.restore_state(restore)
+    out = []
+    for i in range(n):
+        if save and i == save_after:
+            for it in its:
+                it.save_state(save)
+        parts = [next(it) for it in its]
+        out.append({k: np.concatenate([np.asarray(x[k]) for x in parts]) for k in parts[0]})
+    return out
+
+
+def test_data_position_survives_another_process_count(data_dir, tmp_path):
+    """Read 3 global batches on 2 processes, save, continue on 1 or on 4 processes (4 > the 2
+    shards: two processes split each shard's rows): the next global batches are those the
+    uninterrupted run reads, so nothing is repeated or skipped and the data does not depend
+    on the process count."""
+    from t5lite.errors import UserError
+    from t5lite.tasks import pipeline
+
+    def make(shard_info, batch_size):  # packed span corruption: packing state is resumed too
+        return pipeline.get_dataset("corpus_span_corruption", {"inputs": 32, "targets": 8},
+                                    "encoder_decoder", batch_size, shuffle=True, seed=1,
+                                    shard_info=shard_info)
+
+    state = str(tmp_path / "state")
+    ref = _global_batches(make, 2, 2, 5, save=state, save_after=3)
+    assert pipeline.saved_num_shards(str(tmp_path)) is None
+    for after in (1, 4):
+        rest = _global_batches(make, 2, after, 2, restore=state)
+        for got, want in zip(rest, ref[3:]):
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=f"2 -> {after}: {k}")
+    assert not np.array_equal(ref[3]["encoder_input_tokens"], ref[4]["encoder_input_tokens"])
+    with pytest.raises(UserError, match="2 shards, which 3 processes cannot split evenly"):
+        pipeline.ShardedBatches(make, 2, 12, 0, 3)
