@@ -8,7 +8,8 @@ from padding_idx + 1, so t5lite's position p is HF's row p + padding_idx + 1; ex
 ``model.hf_class="RobertaForMaskedLM"``. RoBERTa's <s> is id 0, which t5lite's encoder treats
 as padding: feed t5lite inputs that start with a nonzero id). ``hf_to_t5lite`` maps the HF
 config.json onto a t5lite Config and every HF tensor onto the t5lite parameter tree (layout:
-t5lite/models/architectures.py docstring), for ``scan_layers`` True (layers stacked on a leading axis) or False (``layers_0 ...``).
+t5lite/models/architectures.py docstring), for ``scan_layers`` True (layers stacked on a
+leading axis) or False (``layers_0 ...``).
 ``t5lite_to_hf`` writes config.json + model.safetensors that ``from_pretrained`` loads.
 
 The mapping is one table of Rules per family: a t5lite path, an HF tensor name and its HF shape,
