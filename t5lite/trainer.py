@@ -308,7 +308,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
         lock = _lock_workdir(workdir)
         rewrite = workdir_lib.check_config(cfg, workdir, allow_config_change)
         return _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask,
-                             rewrite, preemption)
+                             rewrite, preemption, started)
     except Exception as e:
         if _no_space(e):
             raise UserError(_no_space_message(workdir)) from None
@@ -320,7 +320,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
 
 
 def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, rewrite,
-                  preemption):
+                  preemption, started):
     from t5lite.models import build_model
     if train_iter is None:
         _prepare_tasks(cfg)

@@ -162,7 +162,8 @@ def check_writable_dir(workdir: str) -> None:
 # between the runs of one workdir (resuming on another slice is the point of mesh changes).
 PLACEMENT_KEYS = ("name", "mesh.", "checkpoint.async_save", "checkpoint.init_from",
                   "checkpoint.init_step", "train.peak_flops", "train.prepare_data",
-                  "data.data_dir", "data.task_modules", "model.remat", "model.scan_unroll")
+                  "data.data_dir", "data.task_modules", "model.remat", "model.scan_unroll",
+                  "train.profile_steps")
 # Keys that change when or how much is trained / logged / evaluated, but not the meaning of
 # the saved state: allowed with --allow-config-change. train.steps is also the end of the
 # learning-rate decay (cosine / linear), with optim.min_lr_ratio its floor.

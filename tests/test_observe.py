@@ -57,7 +57,7 @@ def test_profile_window_writes_a_trace_and_goodput_survives_a_resume(tmp_path, c
     cfg6 = config_lib.copy_config(cfg)
     cfg6.train.steps, cfg6.train.profile_steps = 6, ""
     trainer.train(cfg6, workdir, train_iter=tf_iterator(cfg),
-                  eval_iter_fn=lambda: tf_iterator(cfg, seed=1))
+                  eval_iter_fn=lambda: tf_iterator(cfg, seed=1), allow_config_change=True)
     acc = json.load(open(path))
     assert len(acc["runs"]) == 2 and acc["runs"][1]["first_step"] == 4
     s = acc["summary"]
@@ -206,7 +206,7 @@ def test_every_cli_argument_has_help_and_choices_where_fixed(capsys):
     assert not missing, missing
     acts = {(cmd, a.dest): a for cmd, a in _all_actions(parser)}
     assert list(acts[("t5lite ablate", "table")].choices)[:2] == ["table2", "table4"]
-    assert list(acts[("t5lite ablate", "scale")].choices) == ["tiny", "paper"]
+    assert list(acts[("t5lite ablate", "scale")].choices) == ["tiny", "small", "paper"]
     assert cli.main(["--version"]) == 0 and capsys.readouterr().out.startswith("t5lite 0.")
     assert cli.main(["eval", "--help"]) == 0
     assert "(default: validation)" in capsys.readouterr().out.replace("\n", " ")
