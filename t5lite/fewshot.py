@@ -171,8 +171,10 @@ def fewshot_command(checkpoint: str, task: str, shots: int, split: str = "valida
     t0 = time.time()
     train = read_split(task, "train", data_dir or "")
     examples = read_split(task, split, data_dir or "")
-    if max_examples:
-        examples = examples[:max_examples]
+    if 0 < max_examples < len(examples):  # a seeded sample: split files may be label-sorted
+        keep = np.random.default_rng(cfg.decode.seed).choice(len(examples), max_examples,
+                                                             replace=False)
+        examples = [examples[i] for i in sorted(keep)]
     words = parse_label_words(label_words, _labels(task, train))
     tmpl = get_template(task, template)
     in_vocab, out_vocab, _ = evaluation._vocabulary(cfg)  # pylint: disable=protected-access
