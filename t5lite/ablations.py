@@ -492,17 +492,18 @@ def _write_json(path: str, obj) -> None:
 
 
 def _check_same_config(stage: Stage) -> None:
-    """A stage's workdir may only be resumed with the config it was started with."""
+    """A stage's workdir may only be resumed with the config it was started with: the
+    trainer's diff (workdir.config_diff: placement keys such as mesh.* may differ), with no
+    safe-key exception (a finished stage's numbers are reused)."""
+    from t5lite import workdir as workdir_lib
     old = _read_json(_join(stage.workdir, "config.json"))
     if old is None:
         return
-    new = json.loads(json.dumps(config_lib.to_dict(stage.cfg)))
-    diff = sorted(k for k in set(config_lib._flatten(old)) | set(config_lib._flatten(new))
-                  if config_lib._flatten(old).get(k) != config_lib._flatten(new).get(k))
+    diff = workdir_lib.config_diff(old, json.loads(json.dumps(config_lib.to_dict(stage.cfg))))
     if diff:
         raise UserError(f"{stage.workdir} was started with a different config "
-                        f"({', '.join(diff[:5])}{' ...' if len(diff) > 5 else ''} differ). Use "
-                        "another --workdir, or delete that directory to redo the stage.")
+                        f"({workdir_lib.format_diff(diff, 5)}). Use another --workdir, or "
+                        "delete that directory to redo the stage.")
 
 
 def _train(stage: Stage) -> float:

@@ -188,6 +188,9 @@ class CheckpointConfig:
     # Start from these params (partial restore, e.g. finetuning from a pretrained run):
     init_from: str = ""
     init_step: int = -1  # -1 = latest
+    # gs:// workdirs: WORKDIR/.lock of a run that has not refreshed it for this long is
+    # taken over (its heartbeat is every lease / 6); local disks use flock instead
+    lock_lease_seconds: float = 180.0
 
 
 @dataclasses.dataclass
@@ -467,7 +470,7 @@ RANGES = {
     "train.eval_every": (0, None), "train.eval_steps": (0, None), "train.peak_flops": (0.0, None),
     "mesh.num_processes": (0, None), "mesh.process_id": (-1, None),
     "checkpoint.every_steps": (0, None), "checkpoint.keep": (0, None),
-    "checkpoint.init_step": (-1, None),
+    "checkpoint.init_step": (-1, None), "checkpoint.lock_lease_seconds": (10.0, None),
     "eval.every_steps": (0, None), "eval.max_examples": (0, None), "eval.batch_size": (1, None),
     "decode.beams": (1, None), "decode.alpha": (0.0, None), "decode.temperature": (0.0, None),
     "decode.top_k": (0, None), "decode.top_p": (1e-9, 1.0), "decode.max_length": (1, None),

@@ -15,6 +15,8 @@ import json
 import os
 import time
 
+from etils import epath
+
 from t5lite import config as config_lib
 
 FAST_PRETRAIN = ["train.steps=16", "data.batch_size=16", "checkpoint.every_steps=16",
@@ -42,6 +44,48 @@ def _majority_class(data_dir: str, split: str, limit: int = 0) -> tuple[str, flo
     return best, 100.0 * labels.count(best) / len(labels)
 
 
+def stage_configs(workdir: str, root: str, fast: bool, prepared: bool = True) -> list:
+    """[(config, stage workdir)] of the pretrain and finetune stages."""
+    common = [f"data.data_dir={root}"] + ([] if prepared else ["train.prepare_data=()"])
+    pre_dir, ft_dir = os.path.join(workdir, "pretrain"), os.path.join(workdir, "finetune")
+    return [
+        (config_lib.load_config("quickstart", common + (FAST_PRETRAIN if fast else [])),
+         pre_dir),
+        (config_lib.load_config("quickstart_finetune", common + [
+            f"checkpoint.init_from={pre_dir}"] + (FAST_FINETUNE if fast else [])), ft_dir)]
+
+
+def check_workdir(workdir: str, root: str, fast: bool, prepared: bool = True) -> None:
+    """Before anything runs: a quickstart workdir made with (without) --fast is rerun the same
+    way. The trainer's own refusal would point at --allow-config-change / --set, which
+    quickstart has not (and fast and full differ in data.batch_size: no flag continues one
+    as the other)."""
+    from t5lite import workdir as workdir_lib
+    from t5lite.errors import UserError
+    other = stage_configs(workdir, root, not fast, prepared)
+    for (cfg, stage), (other_cfg, _) in zip(stage_configs(workdir, root, fast, prepared), other):
+        try:
+            workdir_lib.check_config(cfg, stage)
+            continue
+        except UserError as e:
+            error = e
+        try:
+            workdir_lib.check_config(other_cfg, stage)
+        except UserError:  # neither way (edited configs): it cannot be continued here
+            try:
+                old = json.loads((epath.Path(stage) / "config.json").read_text())
+            except (OSError, ValueError):
+                raise error from None  # unreadable: that message says what to do
+            diff = workdir_lib.config_diff(old, json.loads(json.dumps(config_lib.to_dict(cfg))))
+            raise UserError(f"{stage} was trained with another config "
+                            f"({workdir_lib.format_diff(diff)}): give `t5lite quickstart` "
+                            "another --workdir") from None
+        made, again = ("without --fast", "") if fast else ("with --fast", " --fast")
+        raise UserError(f"{workdir} holds a quickstart run made {made}: rerun `t5lite "
+                        f"quickstart --workdir {workdir}{again}` to resume it, or give another "
+                        "--workdir") from None
+
+
 def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = True) -> dict:
     """Pretrain, finetune, evaluate; -> the summary numbers (also printed).
     prepare=False uses the data dir as it is (built elsewhere, or a test's small one)."""
@@ -50,24 +94,19 @@ def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = Tr
 
     t0 = time.time()
     workdir = os.path.abspath(workdir)
+    root = local_data.data_dir(data_dir)
+    check_workdir(workdir, root, fast, prepare)
     if prepare:
-        root = local_data.ensure_prepared(local_data.QUICKSTART, data_dir)
-        common = [f"data.data_dir={root}"]
-    else:
-        root = local_data.data_dir(data_dir)
-        common = [f"data.data_dir={root}", "train.prepare_data=()"]
-    pre_dir, ft_dir = os.path.join(workdir, "pretrain"), os.path.join(workdir, "finetune")
+        root = local_data.ensure_prepared(local_data.QUICKSTART, root)
+    (pre_cfg, pre_dir), (ft_cfg, ft_dir) = stage_configs(workdir, root, fast, prepare)
 
     print(f"[1/3] pretraining configs/quickstart.py -> {pre_dir}", flush=True)
-    cfg = config_lib.load_config("quickstart", common + (FAST_PRETRAIN if fast else []))
-    trainer.train(cfg, pre_dir)
+    trainer.train(pre_cfg, pre_dir)
     t_pre = time.time() - t0
 
     print(f"[2/3] finetuning configs/quickstart_finetune.py on sentiment -> {ft_dir}",
           flush=True)
-    cfg = config_lib.load_config("quickstart_finetune", common + [
-        f"checkpoint.init_from={pre_dir}"] + (FAST_FINETUNE if fast else []))
-    trainer.train(cfg, ft_dir)
+    trainer.train(ft_cfg, ft_dir)
     t_ft = time.time() - t0 - t_pre
 
     split, limit = "test", (64 if fast else 0)

@@ -269,20 +269,18 @@ def write_config(cfg, workdir: str) -> None:
         workdir_lib.write_config(cfg, workdir)
 
 
-def _lock_workdir(workdir: str):
+def _lock_workdir(workdir: str, lease_seconds: float):
     """WORKDIR/.lock, taken by process 0; every process stops if it could not be taken."""
     lock, error = None, None
     if jax.process_index() == 0:
         try:
-            lock = workdir_lib.WorkdirLock(workdir).acquire()
+            lock = workdir_lib.WorkdirLock(workdir, lease_seconds).acquire()
         except UserError as e:
             error = e
     if not checkpointing._all_hosts_ok(error is None):
         raise error or UserError(f"process 0 could not lock {workdir} (see its message)")
     if lock is not None and lock.took_over:
-        old = lock.took_over
-        print(f"t5lite: took over the lock of a run that is gone (pid {old.get('pid')} on "
-              f"{old.get('host')}, started {old.get('started')})", flush=True)
+        print(f"t5lite: {lock.takeover_line()}", flush=True)
     return lock
 
 
@@ -305,7 +303,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     preemption = _Preemption()  # from here on SIGTERM saves instead of killing the run
     lock = None
     try:
-        lock = _lock_workdir(workdir)
+        lock = _lock_workdir(workdir, cfg.checkpoint.lock_lease_seconds)
         rewrite = workdir_lib.check_config(cfg, workdir, allow_config_change)
         return _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask,
                              rewrite, preemption, started)

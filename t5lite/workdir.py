@@ -12,7 +12,10 @@ import errno
 import json
 import os
 import socket
+import sys
+import threading
 import time
+import uuid
 
 from etils import epath
 
@@ -22,34 +25,52 @@ from t5lite.errors import UserError
 # ---------------------------------------------------------------------------- lock
 
 
+DEFAULT_LEASE_SECONDS = config_lib.CheckpointConfig.lock_lease_seconds
+
+
 class WorkdirLock:
     """WORKDIR/.lock for one `t5lite train` (multi-host: taken by process 0 only).
 
     Local paths use flock(2) on the lock file: the kernel releases it when the holder dies
     (even by SIGKILL), so a stale lock is taken over with no race and no guessing from pids.
-    The file holds {"host", "pid", "started"} to name the holder in the refusal. gs:// has no
-    locks: there the file is checked, then written (a window of one round trip), and a lock
-    left by a dead run must be deleted by hand (the refusal says so); on the same host a dead
-    pid is recognised and taken over.
+    The file holds {"host", "pid", "started"} to name the holder in the refusal.
+
+    gs:// has no locks: there the lock is a lease. The holder rewrites the record's
+    "heartbeat" (epoch seconds) every lease / 6 from a daemon thread; a record whose heartbeat
+    is older than its "lease_seconds" belongs to a dead run (a preempted slice: the workers of
+    the recreated one have other host names) and is taken over; a fresh one is refused at
+    once, and one that has missed beats (older than lease / 3) is waited on until it beats
+    (refused) or expires. Taking the lock is check-then-write (a window of one round trip
+    between two runs started together). A dead pid on this host is taken over at once.
+    use_flock=False runs the lease on a local path (tests; shared filesystems without flock).
     """
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, lease_seconds: float = DEFAULT_LEASE_SECONDS,
+                 use_flock: bool | None = None):
         self.workdir = workdir
         self.path = os.path.join(workdir, ".lock")
+        self.use_flock = "://" not in self.path if use_flock is None else use_flock
+        self.lease = float(lease_seconds)
         self.fd = None
         self.took_over = None  # the stale holder's record, if any
+        self.lost_to = None  # lease: the record of a run that took the lock from this one
+        self.token = uuid.uuid4().hex
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._stop = threading.Event()
+        self._thread = None
 
     def acquire(self) -> "WorkdirLock":
         check_writable_dir(self.workdir)
-        if "://" in self.path:
-            self._acquire_url()
-        else:
+        if self.use_flock:
             self._acquire_local()
+        else:
+            self._acquire_lease()
         return self
 
     def _record(self) -> str:
         return json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                           "started": self.started, "heartbeat": round(time.time(), 3),
+                           "lease_seconds": self.lease, "token": self.token})
 
     def _acquire_local(self) -> None:
         import fcntl
@@ -79,22 +100,81 @@ class WorkdirLock:
         os.fsync(fd)
         self.fd = fd
 
-    def _acquire_url(self) -> None:
-        path = epath.Path(self.path)
-        if path.exists():
-            old = _read_json(self.path) or {}
-            if not (old.get("host") == socket.gethostname() and not _pid_alive(old.get("pid"))):
-                raise UserError(self._refusal(old, url=True))
-            self.took_over = old
-        path.write_text(self._record())
+    # ------------------------------------------------------------------ lease (gs://)
+    def _age(self, old) -> tuple[float, float]:
+        """-> (seconds since the holder's last heartbeat, its lease). A record without one
+        (torn, or from an older t5lite) is dated by the file's modification time."""
+        beat = (old or {}).get("heartbeat")
+        if not isinstance(beat, (int, float)) or isinstance(beat, bool):
+            try:
+                beat = float(epath.Path(self.path).stat().mtime)
+            except (OSError, ValueError, AttributeError):
+                beat = time.time()
+        lease = (old or {}).get("lease_seconds")
+        if not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0:
+            lease = self.lease
+        return time.time() - beat, float(lease)
 
-    def _refusal(self, holder, url=False) -> str:
+    def _acquire_lease(self) -> None:
+        path, old, announced = epath.Path(self.path), None, False
+        while path.exists():
+            old = _read_json(self.path) or {}
+            age, lease = self._age(old)
+            if age > lease or (old.get("host") == socket.gethostname()
+                               and not _pid_alive(old.get("pid"))):
+                self.took_over = dict(old, heartbeat_age=round(age, 1))
+                break
+            # a live holder beats every lease / 6, so a record this fresh is one: refuse now
+            if age <= lease / 3:
+                raise UserError(self._refusal(old, age=age, lease=lease))
+            # missed beats: most likely a run that is gone (a preempted slice recreated
+            # faster than the lease): wait for a beat (-> refuse) or for the lease to run out
+            if not announced:
+                print(f"t5lite: {self.workdir}'s lock has had no heartbeat for {age:.0f}s (pid "
+                      f"{old.get('pid')} on host {old.get('host')}): waiting up to "
+                      f"{lease - age:.0f}s for it to expire", flush=True)
+                announced = True
+            time.sleep(min(lease - age, lease / 6) + 0.05)
+        _write_record(self.path, self._record())
+        self._thread = threading.Thread(target=self._heartbeat, name="t5lite-lock-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.lease / 6):
+            try:
+                now = _read_json(self.path)
+                if now is not None and now.get("token") != self.token:
+                    # this run went silent for longer than its lease and another took over
+                    self.lost_to = now
+                    print(f"t5lite: warning: {self.workdir} was taken over by pid "
+                          f"{now.get('pid')} on host {now.get('host')} (this run's heartbeat "
+                          "lapsed); stop this run: two runs on one workdir damage it",
+                          file=sys.stderr, flush=True)
+                    return
+                _write_record(self.path, self._record())
+            except Exception:  # noqa: BLE001 - a failed beat is retried at the next one
+                continue
+
+    def _refusal(self, holder, age=None, lease=None) -> str:
         holder = holder or {}
         who = (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, started "
-               f"{holder.get('started', '?')}")
+               f"{holder.get('started', '?')}"
+               + (f", last heartbeat {age:.0f}s ago" if age is not None else ""))
         return (f"workdir {self.workdir} is in use by another t5lite train ({who}); wait for "
                 "it to finish or stop it, or use another --workdir"
-                + (f" (if that run is dead, delete {self.path})" if url else ""))
+                + (f" (if that run is dead, its lock expires {lease:.0f}s after its last "
+                   "heartbeat: rerun then)" if lease is not None else ""))
+
+    def takeover_line(self) -> str:
+        """One line naming the stale holder this lock was taken from ('' if none)."""
+        old = self.took_over
+        if not old:
+            return ""
+        why = (f"no heartbeat for {old['heartbeat_age']:.0f}s"
+               if "heartbeat_age" in old else "its process is gone")
+        return (f"took over the lock of a run that is gone (pid {old.get('pid')} on "
+                f"{old.get('host')}, started {old.get('started')}; {why})")
 
     def release(self) -> None:
         if self.fd is not None:
@@ -104,9 +184,12 @@ class WorkdirLock:
                 pass
             os.close(self.fd)
             self.fd = None
-        elif "://" in self.path:
+        elif self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=30)
+            self._thread = None
             try:
-                if (_read_json(self.path) or {}).get("pid") == os.getpid():
+                if (_read_json(self.path) or {}).get("token") == self.token:
                     epath.Path(self.path).unlink(missing_ok=True)
             except OSError:
                 pass
@@ -116,6 +199,21 @@ class WorkdirLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _write_record(path: str, text: str) -> None:
+    """gs:// objects appear whole; a local file is written to a temp file and renamed."""
+    if "://" in path:
+        epath.Path(path).write_text(text)
+        return
+    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: runs may race for the lock
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _read_json(path: str):
@@ -161,9 +259,9 @@ def check_writable_dir(workdir: str) -> None:
 # Keys that say where / how fast a run executes, not what it computes: they may differ freely
 # between the runs of one workdir (resuming on another slice is the point of mesh changes).
 PLACEMENT_KEYS = ("name", "mesh.", "checkpoint.async_save", "checkpoint.init_from",
-                  "checkpoint.init_step", "train.peak_flops", "train.prepare_data",
-                  "data.data_dir", "data.task_modules", "model.remat", "model.scan_unroll",
-                  "train.profile_steps")
+                  "checkpoint.init_step", "checkpoint.lock_lease_seconds", "train.peak_flops",
+                  "train.prepare_data", "data.data_dir", "data.task_modules", "model.remat",
+                  "model.scan_unroll", "train.profile_steps")
 # Keys that change when or how much is trained / logged / evaluated, but not the meaning of
 # the saved state: allowed with --allow-config-change. train.steps is also the end of the
 # learning-rate decay (cosine / linear), with optim.min_lr_ratio its floor.
@@ -192,7 +290,8 @@ def config_diff(old: dict, new: dict) -> dict:
     return out
 
 
-def _show(diff: dict, limit: int = 6) -> str:
+def format_diff(diff: dict, limit: int = 6) -> str:
+    """'key old -> new, ...' of a config_diff (the first `limit`)."""
     items = [f"{k} {v[0]!r} -> {v[1]!r}" for k, v in diff.items()]
     return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit
                                        else "")
@@ -216,7 +315,7 @@ def check_config(cfg, workdir: str, allow_change: bool = False) -> bool:
     unsafe = {k: v for k, v in diff.items() if not _matches(k, SAFE_KEYS)}
     if unsafe:
         raise UserError(
-            f"{workdir} was trained with another config: {_show(unsafe)}. Its checkpoints "
+            f"{workdir} was trained with another config: {format_diff(unsafe)}. Its checkpoints "
             "cannot continue under these changes: use a new --workdir (add --set "
             f"checkpoint.init_from={workdir} to start from its params), or rerun with the "
             "workdir's config.json"
@@ -224,7 +323,7 @@ def check_config(cfg, workdir: str, allow_change: bool = False) -> bool:
                "allowed with --allow-config-change)" if len(unsafe) < len(diff) else ""))
     if diff and not allow_change:
         raise UserError(
-            f"{workdir} was trained with another config: {_show(diff)}. To continue with "
+            f"{workdir} was trained with another config: {format_diff(diff)}. To continue with "
             "these changes rerun with --allow-config-change (the old config is kept as "
             "config.<n>.json), or use a new --workdir")
     return old != new

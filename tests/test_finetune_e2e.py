@@ -14,6 +14,7 @@ import pytest
 
 import tasks_testdata
 from t5lite import evaluation, quickstart
+from t5lite.errors import UserError
 
 
 def test_quickstart_fast_pipeline(tmp_path, capsys):
@@ -21,6 +22,9 @@ def test_quickstart_fast_pipeline(tmp_path, capsys):
     restore = tasks_testdata.use_data_dir(root)
     try:
         summary = quickstart.run(str(tmp_path / "qs"), fast=True, data_dir=root, prepare=False)
+        with pytest.raises(UserError, match=r"made with --fast: rerun `t5lite quickstart "
+                           r"--workdir .* --fast` to resume it"):  # (refused before training)
+            quickstart.run(str(tmp_path / "qs"), data_dir=root, prepare=False)
     finally:
         restore()
     out = capsys.readouterr().out

@@ -102,10 +102,15 @@ def assert_kept(before: dict, workdir, moved_step=None, metrics_upto=None, old_r
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_dir):
-    """A 4-step run: checkpoints 2, 4; data_state 2, 4; metrics lines 1-4."""
+    """A 4-step run: checkpoints 2, 4; data_state 2, 4; metrics lines 1-4; and the copies of
+    worker logs launch/tpu_job.sh keeps in a workdir (every case's snapshot checks that no
+    guard or damage handling touches them)."""
     wd = tmp_path_factory.mktemp("trained") / "run"
     assert cli.main(train_args(wd)) == 0
     assert sorted(os.listdir(wd / "checkpoints")) == ["2", "4"]
+    logs = wd / "worker_logs" / "20260101T000000Z"
+    logs.mkdir(parents=True)
+    (logs / "worker-0.log").write_text("=== t5lite job on worker 0\npreempted at step 2\n")
     return wd
 
 
@@ -247,6 +252,64 @@ def test_stale_lock_of_a_dead_process_is_taken_over(wd, capsys):
     assert snapshot(wd) == before and not os.path.exists(wd / ".lock")
 
 
+LEASE_HOLD = (
+    "import socket, sys, time\nsocket.gethostname = lambda: 'old-worker'  # another VM\n"
+    "from t5lite.workdir import WorkdirLock\n"
+    "WorkdirLock(sys.argv[1], lease_seconds=1.2, use_flock=False).acquire()\n"
+    "print('locked', flush=True)\ntime.sleep(120)\n")
+
+
+def test_lease_lock_a_preempted_holder_on_another_host_is_taken_over(tmp_path, capsys):
+    """The gs:// lock (a lease, here on a local path): a live holder on another host keeps it
+    by its heartbeat and is refused at once; once it is killed (its slice preempted and
+    recreated under other host names) a rerun waits for the lease to run out and takes the
+    lock over, naming the old holder."""
+    from t5lite.errors import UserError
+    from t5lite.workdir import WorkdirLock
+    holder = subprocess.Popen([sys.executable, "-c", LEASE_HOLD, str(tmp_path)], cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        time.sleep(2.0)  # longer than the lease: only the heartbeat keeps it
+        with pytest.raises(UserError, match=rf"pid {holder.pid} on host old-worker.*last "
+                           r"heartbeat \ds ago.*expires 1s after its last heartbeat"):
+            WorkdirLock(str(tmp_path), lease_seconds=60, use_flock=False).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.6)  # the dead holder has missed beats (every 0.2 s) but its lease is not over
+    last_beat = json.loads((tmp_path / ".lock").read_text())["heartbeat"]
+    capsys.readouterr()
+    lock = WorkdirLock(str(tmp_path), lease_seconds=1.2, use_flock=False).acquire()
+    assert time.time() >= last_beat + 1.2  # not before the lease ran out
+    assert re.search(rf"no heartbeat for \ds \(pid {holder.pid} on host old-worker\): "
+                     r"waiting up to \ds", capsys.readouterr().out)
+    assert lock.took_over["pid"] == holder.pid and lock.took_over["host"] == "old-worker"
+    assert re.search(rf"took over the lock of a run that is gone \(pid {holder.pid} on "
+                     r"old-worker, .*no heartbeat for \ds\)", lock.takeover_line())
+    try:  # this holder's own heartbeat keeps the next one out
+        time.sleep(1.6)
+        with pytest.raises(UserError, match=f"pid {os.getpid()} on host "):
+            WorkdirLock(str(tmp_path), lease_seconds=1.2, use_flock=False).acquire()
+    finally:
+        lock.release()
+    assert os.listdir(tmp_path) == []  # the lock is gone, and no heartbeat temp file is left
+
+
+def test_lease_lock_dead_pid_on_this_host_is_taken_over_at_once(tmp_path):
+    from t5lite.workdir import WorkdirLock
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(json.dumps({
+        "host": os.uname().nodename, "pid": dead.pid, "started": "2026-01-01T00:00:00Z",
+        "heartbeat": time.time(), "lease_seconds": 600}))
+    with WorkdirLock(str(tmp_path), use_flock=False) as lock:
+        assert lock.took_over["pid"] == dead.pid
+        assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    assert not os.path.exists(tmp_path / ".lock")
+
+
 # ---------------------------------------------------------------------------- item 1: flag
 
 
@@ -352,6 +415,64 @@ def test_convert_import_of_a_malformed_model_dir(tmp_path, capsys):
     assert code == 2 and len(lines) == 1, out[-2000:]
     assert "model.safetensors is not a readable safetensors weights file" in lines[0]
     assert not os.path.exists(tmp_path / "dst" / "params")
+
+
+def test_quickstart_rerun_the_other_way_names_its_own_fix(tmp_path, data_dir, capsys):
+    """quickstart has no --allow-config-change / --set: a workdir made with (without) --fast
+    is refused naming the quickstart command that resumes it, before anything is written."""
+    from t5lite import quickstart
+    from t5lite import workdir as workdir_lib
+    from t5lite.errors import UserError
+    for made_fast in (True, False):
+        qs = tmp_path / f"qs_{made_fast}"
+        for cfg, stage in quickstart.stage_configs(str(qs), data_dir, made_fast, False):
+            workdir_lib.write_config(cfg, stage)  # what a run of that kind leaves
+        before = snapshot(qs)
+        again = " --fast" if made_fast else ""
+        with pytest.raises(UserError, match=(
+                rf"{qs} holds a quickstart run made {'with' if made_fast else 'without'} "
+                rf"--fast: rerun `t5lite quickstart --workdir {qs}{again}` to resume it")):
+            quickstart.run(str(qs), fast=not made_fast, data_dir=data_dir, prepare=False)
+        assert snapshot(qs) == before
+    # through the CLI: one line, exit 2
+    code, lines, out = run_cli(capsys, ["quickstart", "--workdir", tmp_path / "qs_True"])
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out, out[-2000:]
+    assert "--allow-config-change" not in lines[0] and "--fast` to resume it" in lines[0]
+    # a config edited since (neither way): another workdir, in quickstart's terms
+    path = tmp_path / "qs_False" / "pretrain" / "config.json"
+    edited = json.loads(path.read_text())
+    edited["model"]["d_ff"] = 96
+    path.write_text(json.dumps(edited))
+    with pytest.raises(UserError, match=r"pretrain was trained with another config \(model"
+                       r"\.d_ff 96 -> 384\): give `t5lite quickstart` another --workdir"):
+        quickstart.run(str(tmp_path / "qs_False"), data_dir=data_dir, prepare=False)
+
+
+def test_ablation_stages_use_the_trainers_config_diff(tmp_path):
+    """`t5lite ablate` refuses a stage workdir started with another config through the
+    trainer's diff: the keys with old -> new values; placement keys (mesh, remat) and keys
+    a config.json from an older t5lite lacks (their defaults) are no difference."""
+    from t5lite import ablations
+    from t5lite import config as config_lib
+    from t5lite import workdir as workdir_lib
+    from t5lite.errors import UserError
+
+    def stage(*overrides):
+        cfg = config_lib.load_config("quickstart", ["train.prepare_data=()", *overrides])
+        return ablations.Stage("pretrain", "quickstart", str(tmp_path / "pretrain"),
+                               list(overrides), cfg)
+
+    workdir_lib.write_config(stage().cfg, str(tmp_path / "pretrain"))
+    path = tmp_path / "pretrain" / "config.json"
+    older = json.loads(path.read_text())
+    del older["checkpoint"]["lock_lease_seconds"]  # a field added since
+    path.write_text(json.dumps(older))
+    ablations._check_same_config(stage())
+    ablations._check_same_config(stage("mesh.data=1", "model.remat=full"))
+    with pytest.raises(UserError, match=r"pretrain was started with a different config "
+                       r"\(train\.seed 0 -> 1, train\.steps 300 -> 8\)\. Use another "
+                       r"--workdir, or delete that directory to redo the stage"):
+        ablations._check_same_config(stage("train.seed=1", "train.steps=8"))
 
 
 # ---------------------------------------------------------------------------- item 3: SIGTERM
