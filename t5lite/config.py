@@ -474,7 +474,7 @@ RANGES = {
     "eval.every_steps": (0, None), "eval.max_examples": (0, None), "eval.batch_size": (1, None),
     "decode.beams": (1, None), "decode.alpha": (0.0, None), "decode.temperature": (0.0, None),
     "decode.top_k": (0, None), "decode.top_p": (1e-9, 1.0), "decode.max_length": (1, None),
-    "decode.seed": (0, None),
+    "decode.seed": (0, None), "decode.num_samples": (1, None), "train.aux_lm_weight": (0.0, None),
 }
 MEANING = {  # what 0 / -1 mean, for the error message
     "checkpoint.every_steps": " (0 = only at the last step)", "checkpoint.keep": " (0 = all)",
