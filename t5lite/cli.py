@@ -75,6 +75,12 @@ def cmd_quickstart(args):
 
 def cmd_eval(args):
     from t5lite import evaluation
+    if args.shots is not None:  # in-context few-shot prompting (fewshot.py)
+        from t5lite import fewshot
+        fewshot.fewshot_command(args.checkpoint, args.task, args.shots, args.split,
+                                args.max_examples, args.template, args.label_words,
+                                args.scoring, args.context_length, args.set or [])
+        return
     evaluation.eval_command(checkpoint=args.checkpoint, task=args.task, split=args.split,
                             max_examples=args.max_examples, overrides=args.set or [])
 
@@ -226,6 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="evaluate only the first N examples (0 = all)")
     add_set(sp, "override a field of the checkpoint's config, e.g. decode.method=beam "
             "(repeatable)")
+    fs = sp.add_argument_group("in-context few-shot (GPT / T5 checkpoints, finetuning datasets)")
+    fs.add_argument("--shots", type=int, help="K demonstrations from the train split per prompt "
+                    "(default: no few-shot prompting, the task's own evaluation)")
+    fs.add_argument("--template", default="", help="review, input_answer, it_was or a prompt "
+                    "with {input} (default: the task's, review for sentiment)")
+    fs.add_argument("--label-words", default="", help="e.g. negative=terrible,positive=great "
+                    "(default: the label names)")
+    fs.add_argument("--scoring", default="rank", choices=["rank", "generate"],
+                    help="rank: the label word with the highest log-likelihood (default); "
+                    "generate: decode and match the label words")
+    fs.add_argument("--context-length", type=int, default=0, help="prompt tokens (default 0: "
+                    "the checkpoint's feature length, capped by its learned positions)")
     sp.set_defaults(fn=cmd_eval)
 
     sp = add("infer", "write JSONL predictions for input lines")

@@ -76,6 +76,9 @@ class ModelConfig:
     num_token_types: int = 0  # BERT segment (token type) embeddings
     nsp_head: bool = False  # BERT next-sentence prediction head (implies pooler)
     pooler: bool = False
+    # convert.py export target when the architecture has several: "RobertaForMaskedLM"
+    # (RoBERTa: BERT layers, positions offset by padding_idx + 1); "" = by architecture
+    hf_class: str = ""
     num_classes: int = 0  # >0 adds a classification head (see heads in architectures.py)
     num_token_classes: int = 0  # >0: per-token tagging head (BIO), "token_logits" [B, L, C]
     span_head: bool = False  # QA span extraction head: "start_logits" / "end_logits" [B, L]
@@ -152,6 +155,8 @@ class TrainConfig:
     z_loss: float = 1e-4
     label_smoothing: float = 0.0
     loss_normalizing_factor: Optional[float] = None  # T5: e.g. 233472; None = num real targets
+    # decoder-only classification: + this * next-token LM loss on the inputs (GPT-1: 0.5)
+    aux_lm_weight: float = 0.0
     log_every: int = 10
     eval_every: int = 0  # 0 = only at the end
     eval_steps: int = 10
@@ -206,7 +211,7 @@ class EvalConfig:
 class DecodeConfig:
     """How predictions are generated (decoding.py): greedy, beam search, or sampling."""
 
-    method: str = "greedy"  # greedy | beam | sample
+    method: str = "greedy"  # greedy | beam | sample | self_consistency
     beams: int = 4
     alpha: float = 0.6  # beam length penalty ((5 + len) / 6) ** alpha (GNMT / T5); 0 = none
     temperature: float = 1.0  # sample: 0 = greedy
@@ -214,6 +219,7 @@ class DecodeConfig:
     top_p: float = 1.0  # sample: nucleus mass; 1.0 = all
     max_length: int = 64  # new tokens per example (EOS included)
     seed: int = 0
+    num_samples: int = 1  # self_consistency: answers sampled per input, then majority-voted
 
 
 @dataclasses.dataclass
@@ -427,7 +433,7 @@ CHOICES = {
     "optim.name": ("adafactor", "adamw", "adamw_rms_scaled"),
     "optim.schedule": ("rsqrt", "constant", "cosine", "linear"),
     "eval.best_mode": ("max", "min"),
-    "decode.method": ("greedy", "beam", "sample"),
+    "decode.method": ("greedy", "beam", "sample", "self_consistency"),
 }
 
 
@@ -468,7 +474,7 @@ RANGES = {
     "eval.every_steps": (0, None), "eval.max_examples": (0, None), "eval.batch_size": (1, None),
     "decode.beams": (1, None), "decode.alpha": (0.0, None), "decode.temperature": (0.0, None),
     "decode.top_k": (0, None), "decode.top_p": (1e-9, 1.0), "decode.max_length": (1, None),
-    "decode.seed": (0, None),
+    "decode.seed": (0, None), "decode.num_samples": (1, None), "train.aux_lm_weight": (0.0, None),
 }
 MEANING = {  # what 0 / -1 mean, for the error message
     "checkpoint.every_steps": " (0 = only at the last step)", "checkpoint.keep": " (0 = all)",
@@ -530,6 +536,10 @@ def validate(cfg: Config) -> None:
         raise UserError(f"model.mlm_predict_fraction={m.mlm_predict_fraction}: use 0 (logits "
                         "at every position) or a fraction in (0, 1] of the length with "
                         "architecture='encoder_only' (BERT MLM)")
+    if cfg.train.aux_lm_weight < 0 or (cfg.train.aux_lm_weight and (
+            m.num_classes <= 0 or m.architecture not in ("decoder_only", "prefix_lm"))):
+        raise UserError(f"train.aux_lm_weight={cfg.train.aux_lm_weight}: use 0, or a weight "
+                        ">= 0 (GPT-1: 0.5) with a decoder-only classifier (model.num_classes > 0)")
 
 
 _DEFAULT = Config()

@@ -3,9 +3,13 @@
 Supported HF classes: T5ForConditionalGeneration (v1.0: relu, tied and rescaled LM head; v1.1:
 gated-gelu, untied), BertForPreTraining (MLM + NSP heads, pooler, token types; also
 BertForMaskedLM, which many BERT checkpoints name while holding the NSP head too) and
-GPT2LMHeadModel. ``hf_to_t5lite`` maps the HF config.json onto a t5lite Config and every HF
-tensor onto the t5lite parameter tree (layout: t5lite/models/architectures.py docstring), for
-``scan_layers`` True (layers stacked on a leading axis) or False (``layers_0 ...``).
+GPT2LMHeadModel; RobertaForMaskedLM (BERT layers without NSP / pooler; HF numbers positions
+from padding_idx + 1, so t5lite's position p is HF's row p + padding_idx + 1; exported with
+``model.hf_class="RobertaForMaskedLM"``. RoBERTa's <s> is id 0, which t5lite's encoder treats
+as padding: feed t5lite inputs that start with a nonzero id). ``hf_to_t5lite`` maps the HF
+config.json onto a t5lite Config and every HF tensor onto the t5lite parameter tree (layout:
+t5lite/models/architectures.py docstring), for ``scan_layers`` True (layers stacked on a
+leading axis) or False (``layers_0 ...``).
 ``t5lite_to_hf`` writes config.json + model.safetensors that ``from_pretrained`` loads.
 
 The mapping is one table of Rules per family: a t5lite path, an HF tensor name and its HF shape,
@@ -34,9 +38,48 @@ SUPPORTED = {
     "BertForPreTraining": "bert",
     "BertForMaskedLM": "bert",  # heads present in the file decide (pooler / NSP optional)
     "GPT2LMHeadModel": "gpt2",
+    "RobertaForMaskedLM": "roberta",  # the BERT rules on renamed tensors (_roberta_to_bert)
 }
 _BY_MODEL_TYPE = {"t5": "T5ForConditionalGeneration", "bert": "BertForPreTraining",
-                  "gpt2": "GPT2LMHeadModel"}
+                  "gpt2": "GPT2LMHeadModel", "roberta": "RobertaForMaskedLM"}
+# RoBERTa tensor names -> BERT's (prefix and LM head)
+_ROBERTA_NAMES = (("roberta.", "bert."), ("lm_head.dense.", "cls.predictions.transform.dense."),
+                  ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
+                  ("lm_head.decoder.", "cls.predictions.decoder."),
+                  ("lm_head.bias", "cls.predictions.bias"))
+_POS = "bert.embeddings.position_embeddings.weight"
+
+
+def _roberta_offset(hf_cfg: dict) -> int:
+    return int(hf_cfg.get("pad_token_id", 1)) + 1
+
+
+def _roberta_to_bert(tensors: dict, offset: int) -> dict:
+    out = {}
+    for k, v in tensors.items():
+        for a, b in _ROBERTA_NAMES:
+            if k.startswith(a):
+                k = b + k[len(a):]
+                break
+        out[k] = v
+    if _POS in out:  # rows below the offset belong to padding / nothing
+        out[_POS] = out[_POS][offset:]
+    out.pop("bert.embeddings.token_type_ids", None)  # a buffer some versions save
+    return out
+
+
+def _bert_to_roberta(tensors: dict, offset: int) -> dict:
+    out = {}
+    for k, v in tensors.items():
+        for a, b in _ROBERTA_NAMES:
+            if k.startswith(b):
+                k = a + k[len(b):]
+                break
+        out[k] = v
+    pos = out["roberta.embeddings.position_embeddings.weight"]
+    out["roberta.embeddings.position_embeddings.weight"] = np.concatenate(
+        [np.zeros((offset, pos.shape[1]), pos.dtype), pos])
+    return out
 
 # HF activation names <-> t5lite ffn names (non-gated / gated T5 feed-forward).
 _ACT_IN = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
@@ -165,8 +208,9 @@ def _ffn_from_hf(family: str, hf_cfg: dict) -> str:
         gated, act = proj.startswith("gated-"), proj.split("-")[-1]
         table = _GATED_IN if gated else _ACT_IN
     else:
-        act = hf_cfg.get("hidden_act" if family == "bert" else "activation_function",
-                         "gelu" if family == "bert" else "gelu_new")
+        bert = family in ("bert", "roberta")
+        act = hf_cfg.get("hidden_act" if bert else "activation_function",
+                         "gelu" if bert else "gelu_new")
         table, proj = _ACT_IN, act
     if not isinstance(act, str) or act not in table:
         raise UserError(f"activation {proj!r} has no t5lite equivalent; supported: "
@@ -208,7 +252,7 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
         m.tie_embeddings = scaled and not _t5_has_own_head(tensors or {})
         m.scale_tied_logits = m.tie_embeddings
         cfg.data.feature_lengths = {"inputs": 512, "targets": 114}
-    elif family == "bert":
+    elif family in ("bert", "roberta"):
         if g("position_embedding_type", "absolute") != "absolute":
             raise UserError("only BERT with position_embedding_type='absolute' is supported.")
         if g("is_decoder") or g("add_cross_attention"):
@@ -224,6 +268,10 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
         m.pre_norm, m.use_bias = False, True
         m.position, m.max_length = "learned", g("max_position_embeddings", 512)
         m.num_token_types = g("type_vocab_size", 2)
+        if family == "roberta":
+            m.max_length -= _roberta_offset(hf_cfg)
+            m.hf_class = "RobertaForMaskedLM"
+            tensors = tensors if tensors is not None else {}
         if tensors is None:  # no weights to look at: BertForPreTraining has both heads
             tensors = {"cls.seq_relationship.weight": 1, "bert.pooler.dense.weight": 1}
         m.nsp_head = "cls.seq_relationship.weight" in tensors
@@ -280,6 +328,9 @@ def family_of(m) -> str:
         raise UserError(f"architecture {m.architecture!r} has no Hugging Face counterpart here; "
                         "export supports encoder_decoder (T5), encoder_only (BERT) and "
                         "decoder_only (GPT-2).")
+    if m.hf_class == "RobertaForMaskedLM":
+        fam = "roberta"
+        want["roberta"] = dict(want["bert"], nsp_head=False, pooler=False)
     bad = [f"{k}={getattr(m, k)!r} (needs {v!r})" for k, v in want[fam].items()
            if getattr(m, k) != v]
     if fam != "t5" and m.d_model != m.num_heads * m.head_dim:
@@ -287,6 +338,8 @@ def family_of(m) -> str:
     if fam == "gpt2" and m.tie_embeddings and m.scale_tied_logits:
         bad.append("scale_tied_logits=True (GPT-2's tied head is not rescaled)")
     ffns = _T5_FFN_OUT if fam == "t5" else _ACT_OUT
+    if m.hf_class not in ("", "RobertaForMaskedLM"):
+        bad.append(f"hf_class={m.hf_class!r} (needs '' or 'RobertaForMaskedLM')")
     if m.ffn not in ffns:
         bad.append(f"ffn={m.ffn!r} (needs one of {', '.join(ffns)})")
     if _peft_on(m):
@@ -320,6 +373,18 @@ def config_to_hf(m) -> dict:
             "tie_word_embeddings": scaled, "scale_decoder_outputs": scaled,
             "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
             "initializer_factor": 1.0, "use_cache": True,
+        }
+    if fam == "roberta":  # pad 1, <s> 0, </s> 2; positions from pad + 1
+        return {
+            "architectures": ["RobertaForMaskedLM"], "model_type": "roberta",
+            "vocab_size": m.vocab_size, "hidden_size": m.d_model,
+            "num_hidden_layers": m.num_encoder_layers, "num_attention_heads": m.num_heads,
+            "intermediate_size": m.d_ff, "hidden_act": _ACT_OUT[m.ffn],
+            "hidden_dropout_prob": m.dropout_rate, "attention_probs_dropout_prob": m.dropout_rate,
+            "max_position_embeddings": m.max_length + 2, "type_vocab_size": m.num_token_types,
+            "initializer_range": m.init_std or 0.02, "layer_norm_eps": m.norm_eps,
+            "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+            "position_embedding_type": "absolute", "tie_word_embeddings": m.tie_embeddings,
         }
     if fam == "bert":
         return {
@@ -537,6 +602,8 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     hf_cfg, tensors = read_hf_dir(hf_dir)
     family = SUPPORTED[_architecture(hf_cfg)]
     tensors = _normalize_names(family, tensors)
+    if family == "roberta":
+        tensors, family = _roberta_to_bert(tensors, _roberta_offset(hf_cfg)), "bert"
     try:
         cfg = config_from_hf(hf_cfg, tensors, scan_layers)
     except (KeyError, TypeError, ValueError) as e:
@@ -625,6 +692,8 @@ def t5lite_to_hf(cfg, params, out_dir: str) -> str:
     m = getattr(cfg, "model", cfg)
     family = family_of(m)
     hf_cfg = config_to_hf(m)
+    roberta = family == "roberta"
+    family = "bert" if roberta else family
     rules, _ = _RULES[family](m)
     flat = {p: np.asarray(v, np.float32) for p, v in _flatten(params).items()}
     want = _abstract_leaves(m)
@@ -654,6 +723,8 @@ def t5lite_to_hf(cfg, params, out_dir: str) -> str:
         tensors["cls.predictions.decoder.bias"] = tensors["cls.predictions.bias"].copy()
     if family == "t5" and m.tie_embeddings and not m.scale_tied_logits:
         tensors["lm_head.weight"] = tensors["shared.weight"].copy()  # tied but unscaled
+    if roberta:
+        tensors = _bert_to_roberta(tensors, _roberta_offset(hf_cfg))
     os.makedirs(out_dir, exist_ok=True)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:

@@ -1,4 +1,5 @@
-"""Batched autoregressive decoding with the model's KV cache: greedy, beam search, sampling.
+"""Batched autoregressive decoding with the model's KV cache: greedy, beam search, sampling,
+self-consistency (sampling N answers per input and a majority vote over their final answers).
 
 One jit-compiled program per (model, DecodeConfig, shapes): a prefill call writes the prompt
 into the cache, then a ``lax.while_loop`` feeds one token per step until every sequence has
@@ -15,6 +16,13 @@ finished hypothesis only if it ranks among the top N; at the last step the top N
 finished scores are log p / lp(len) with the GNMT / T5 penalty lp = ((5 + len) / 6) ** alpha
 (alpha = 0: plain log-likelihood, which is HF's ``length_penalty=0``). The search stops early
 once no live beam can beat the worst kept hypothesis of every example.
+
+Self-consistency (Wang et al. 2022): every input row is repeated N = decode.num_samples times
+and sampled as method="sample" does (same temperature / top-k / top-p, same key: N = 1 gives
+exactly the plain sample). On the host each sample is mapped to its final answer by
+``answer_fn`` (the task's postprocessor on the decoded text; default: the ids before EOS, i.e.
+identity on the text); the most frequent answer wins. Ties go to the answer whose samples have
+the highest summed log-likelihood; the returned tokens are that answer's best-scoring sample.
 """
 
 from __future__ import annotations
@@ -28,12 +36,16 @@ import numpy as np
 from t5lite.errors import UserError
 
 NEG = -1.0e9  # "impossible" score: finite, so arithmetic on it never makes NaNs
+METHODS = ("greedy", "beam", "sample", "self_consistency")
 
 
 def check(dcfg, model_cfg=None, prompt_length: int = 1) -> None:
     """Config errors with what to do about them."""
-    if dcfg.method not in ("greedy", "beam", "sample"):
-        raise UserError(f"decode.method={dcfg.method!r}; use greedy, beam or sample.")
+    if dcfg.method not in METHODS:
+        raise UserError(f"decode.method={dcfg.method!r}; use {', '.join(METHODS)}.")
+    if dcfg.num_samples < 1:
+        raise UserError(f"decode.num_samples must be >= 1 (samples voted per input with "
+                        f"decode.method=self_consistency), got {dcfg.num_samples}.")
     if dcfg.beams < 1:
         raise UserError(f"decode.beams must be >= 1, got {dcfg.beams}.")
     if dcfg.temperature < 0:
@@ -248,26 +260,43 @@ def _knobs(dcfg) -> dict:
 
 
 def make_generate_fn(model, dcfg, eos_id: int):
-    """-> fn(params, inputs_BS, lengths_B, key) -> {"tokens" [B, max_length], "scores" [B]}
-    (+ "beams" [B, N, max_length], "beam_scores" [B, N] for beam search).
+    """-> fn(params, inputs_BS, lengths_B, key, answer_fn=None) -> {"tokens" [B, max_length],
+    "scores" [B]} (+ "beams" [B, N, max_length], "beam_scores" [B, N] for beam search; for
+    self_consistency numpy outputs plus "samples" [B, N, max_length], "sample_scores" [B, N],
+    "answers" (the winning answer per row) and "votes" [B] (its count), see vote()).
 
     inputs_BS: encoder_input_tokens (enc-dec; lengths unused) or the right-padded decoder
     prompt (decoder_only / prefix_lm) with lengths_B >= 1 real tokens per row. Greedy and all
     sampling settings (and EOS ids) share one compiled program; beam search one per beam
-    count.
+    count, self-consistency one per sample count. answer_fn (self_consistency only) maps a
+    sample's ids before EOS to its final answer (hashable).
     """
     check(dcfg, model.cfg)
     beams = dcfg.beams if dcfg.method == "beam" else 0
-    sig = (repr(model.cfg), beams, dcfg.max_length)
+    samples = dcfg.num_samples if dcfg.method == "self_consistency" else 0
+    sig = (repr(model.cfg), beams, samples, dcfg.max_length)
     if sig not in _FNS:
-        _FNS[sig] = jax.jit(functools.partial(_generate, model, beams, dcfg.max_length))
+        _FNS[sig] = jax.jit(functools.partial(_generate, model, beams, samples,
+                                              dcfg.max_length))
     jitted, knobs = _FNS[sig], dict(_knobs(dcfg), eos_id=np.int32(eos_id))
-    return lambda params, inputs_BS, lengths_B, key: jitted(params, inputs_BS, lengths_B, key,
-                                                            knobs)
+    if not samples:
+        return lambda params, inputs_BS, lengths_B, key, answer_fn=None: jitted(
+            params, inputs_BS, lengths_B, key, knobs)
+
+    def self_consistent(params, inputs_BS, lengths_B, key, answer_fn=None):
+        out = jax.device_get(jitted(params, inputs_BS, lengths_B, key, knobs))
+        return vote(out["samples"], out["sample_scores"], eos_id, answer_fn)
+    return self_consistent
 
 
-def _generate(model, beams, n, params, inputs_BS, lengths_B, key, knobs):
+def _generate(model, beams, samples, n, params, inputs_BS, lengths_B, key, knobs):
     b, eos_id = inputs_BS.shape[0], knobs["eos_id"]
+    if samples:  # self-consistency: every row N times (row-major), sampled independently
+        inputs_BS = jnp.repeat(inputs_BS, samples, axis=0)
+        lengths_B = jnp.repeat(lengths_B, samples, axis=0)
+        out = _generate(model, 0, 0, n, params, inputs_BS, lengths_B, key, knobs)
+        return {"samples": out["tokens"].reshape(b, samples, n),
+                "sample_scores": out["scores"].reshape(b, samples)}
     if model.cfg.architecture == "encoder_decoder":
         prompt_BP, lengths_B = jnp.zeros((b, 1), jnp.int32), jnp.ones((b,), jnp.int32)
         encoder_tokens = inputs_BS
@@ -285,7 +314,51 @@ def _generate(model, beams, n, params, inputs_BS, lengths_B, key, knobs):
     return {"tokens": tokens_BL, "scores": score_B}
 
 
-def generate(model, params, dcfg, inputs_BS, lengths_B=None, eos_id: int = 1, key=None):
+def strip_eos(row, eos_id: int) -> tuple:
+    """The ids before the first EOS (padding 0s dropped)."""
+    row = [int(t) for t in row]
+    return tuple(row[:row.index(eos_id)] if eos_id in row else [t for t in row if t])
+
+
+def majority_vote(answers, scores) -> int:
+    """Index of the sample carrying the most frequent answer. Ties: the answer whose samples
+    have the highest summed score (log-likelihood); within it, its best-scoring sample."""
+    count, total = {}, {}
+    for a, s in zip(answers, scores):
+        count[a] = count.get(a, 0) + 1
+        total[a] = total.get(a, 0.0) + float(s)
+    best = max(count, key=lambda a: (count[a], total[a]))
+    return max((i for i, a in enumerate(answers) if a == best), key=lambda i: float(scores[i]))
+
+
+def _hashable(x):
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+def vote(samples_BNL, scores_BN, eos_id: int, answer_fn=None) -> dict:
+    """Self-consistency on the host: per row, map each sample to answer_fn(ids before EOS)
+    (default: those ids) and keep the majority_vote winner."""
+    samples_BNL, scores_BN = np.asarray(samples_BNL), np.asarray(scores_BN)
+    answer_fn = answer_fn or (lambda ids: ids)
+    rows, answers, votes = [], [], []
+    for b in range(samples_BNL.shape[0]):
+        ans = [_hashable(answer_fn(strip_eos(s, eos_id))) for s in samples_BNL[b]]
+        i = majority_vote(ans, scores_BN[b])
+        rows.append(i)
+        answers.append(ans[i])
+        votes.append(sum(a == ans[i] for a in ans))
+    idx = np.arange(samples_BNL.shape[0])
+    return {"tokens": samples_BNL[idx, rows], "scores": scores_BN[idx, rows],
+            "samples": samples_BNL, "sample_scores": scores_BN, "answers": answers,
+            "votes": np.asarray(votes, np.int32)}
+
+
+def generate(model, params, dcfg, inputs_BS, lengths_B=None, eos_id: int = 1, key=None,
+             answer_fn=None):
     """Decode one batch of numpy inputs (see make_generate_fn) -> numpy outputs.
     lengths_B default: up to each row's last nonzero token."""
     inputs_BS = np.asarray(inputs_BS, np.int32)
@@ -299,7 +372,8 @@ def generate(model, params, dcfg, inputs_BS, lengths_B=None, eos_id: int = 1, ke
           else 1)
     key = jax.random.key(dcfg.seed) if key is None else key
     fn = make_generate_fn(model, dcfg, eos_id)
-    return jax.device_get(fn(params, inputs_BS, np.asarray(lengths_B, np.int32), key))
+    return jax.device_get(fn(params, inputs_BS, np.asarray(lengths_B, np.int32), key,
+                             answer_fn))
 
 
 # ----------------------------------------------------------------------------- scoring

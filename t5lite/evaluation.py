@@ -104,8 +104,11 @@ class Predictor:
                 yield start, min(n, start + self.batch_size)
                 bar.update(min(n, start + self.batch_size) - start)
 
-    def predict(self, inputs: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[float]]:
-        """[N, decode.max_length] token ids (EOS, then 0s) and scores, one row per input."""
+    def predict(self, inputs: Sequence[Sequence[int]],
+                answer_fn=None) -> tuple[np.ndarray, list[float]]:
+        """[N, decode.max_length] token ids (EOS, then 0s) and scores, one row per input.
+        answer_fn: decode.method=self_consistency's map from a sample's ids to its final
+        answer (decoding.vote; default: the ids)."""
         if self.arch != "encoder_decoder":
             inputs = [[0] + list(x)[:self.input_length] for x in inputs]
         preds, scores = [], []
@@ -116,7 +119,7 @@ class Predictor:
             key = jax.random.fold_in(self._key, a)
             with self._ctx():
                 out = jax.device_get(self._generate(self.params, x, lengths.astype(np.int32),
-                                                    key))
+                                                    key, answer_fn))
             preds.append(out["tokens"][:b - a])
             scores += [float(v) for v in out["scores"][:b - a]]
         return np.concatenate(preds), scores
@@ -194,9 +197,17 @@ def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int
             tgts.append(ex["targets"].tolist())
         return idx, ins, tgts
 
+    def answer_fn(ids):  # self-consistency votes on the task's postprocessed answers
+        task = subtasks[0] if len(subtasks) == 1 else None
+        if task is None:
+            return ids
+        text = task.output_features["targets"].vocabulary.decode(list(ids))
+        post = task.postprocess_fn
+        return post(text, example=None, is_target=False) if post else text
+
     def predict_fn(ds, model_feature_shapes=None):
         idx, ins, _ = examples(ds)
-        return list(zip(idx, predictor.predict(ins)[0]))
+        return list(zip(idx, predictor.predict(ins, answer_fn)[0]))
 
     def score_fn(ds, model_feature_shapes=None):
         idx, ins, tgts = examples(ds)
@@ -374,7 +385,9 @@ def eval_command(checkpoint: str, task: str, split: str = "validation", max_exam
     rows = [("metric", "value")] + [(k, f"{v:.2f}") for k, v in sorted(metrics.items())]
     d = cfg.decode
     how = (f"decode={d.method}" + (f" beams={d.beams} alpha={d.alpha}" if d.method == "beam"
-                                   else "") + f" max_length={d.max_length}")
+                                   else "")
+           + (f" num_samples={d.num_samples}" if d.method == "self_consistency" else "")
+           + f" max_length={d.max_length}")
     if cfg.model.num_classes > 0:
         how = "argmax of the classification head"
     print(format_table(rows))

@@ -1,5 +1,6 @@
 """Losses: token cross entropy (z-loss, label smoothing, T5 normalisation), BERT MLM + NSP,
-finetuning heads (sequence classification, token tagging, QA spans).
+finetuning heads (sequence classification, token tagging, QA spans), and GPT-1's auxiliary LM
+loss for decoder-only classification (L = L_task + train.aux_lm_weight * L_LM).
 
 Every term is a *sum* divided by a normaliser computed from the whole (global) batch. With
 gradient accumulation the train step computes the normalisers once for the full batch and passes
@@ -99,7 +100,33 @@ def normalizers(cfg, batch) -> dict:
     out["examples"] = jnp.float32(next(iter(batch.values())).shape[0])  # NSP / classification
     if "token_labels" in batch:  # tagging: labelled (first sub-)tokens
         out["tagged"] = jnp.maximum(jnp.sum(_tag_weights(batch)), 1.0)
+    if _wants_aux_lm(cfg, batch):
+        out["lm_tokens"] = jnp.maximum(jnp.sum(_aux_lm_weights(batch)), 1.0)
     return out
+
+
+def _wants_aux_lm(cfg, batch) -> bool:
+    return (cfg.train.aux_lm_weight > 0 and "class_labels" in batch
+            and "decoder_input_tokens" in batch)
+
+
+def _aux_lm_weights(batch):
+    """[B, L-1]: 1 where token t+1 is a real token of the same segment as token t (the
+    classification batch's text is unshifted; segment id 0 is padding)."""
+    tokens_BL = batch["decoder_input_tokens"]
+    seg_BL = batch.get("decoder_segment_ids")
+    if seg_BL is None:
+        seg_BL = jnp.ones(tokens_BL.shape, jnp.int32)
+    return ((seg_BL[:, 1:] != 0) & (seg_BL[:, 1:] == seg_BL[:, :-1])).astype(jnp.float32)
+
+
+def aux_lm_loss(outputs: dict, batch: dict, norm):
+    """GPT-1's auxiliary LM term: mean next-token cross entropy of the LM logits over the
+    classification inputs (logits at t predict decoder_input_tokens at t + 1)."""
+    w_BL = _aux_lm_weights(batch)
+    ce_BL, _ = cross_entropy_with_logits(outputs["logits"][:, :-1],
+                                         batch["decoder_input_tokens"][:, 1:])
+    return jnp.sum(ce_BL * w_BL) / norm
 
 
 HEAD_OUTPUTS = ("class_logits", "token_logits", "start_logits")
@@ -125,6 +152,9 @@ def head_losses(cfg, outputs: dict, batch: dict, norms: dict):
         metrics["class_loss"] = jnp.sum(ce) / ex
         metrics["accuracy"] = jnp.sum(correct) / ex
         loss = loss + metrics["class_loss"]
+        if "lm_tokens" in norms and "logits" in outputs:  # GPT-1: + lambda * L_LM
+            metrics["lm_loss"] = aux_lm_loss(outputs, batch, norms["lm_tokens"])
+            loss = loss + cfg.train.aux_lm_weight * metrics["lm_loss"]
     if "token_logits" in outputs:
         w = _tag_weights(batch)
         labels = batch["token_labels"]

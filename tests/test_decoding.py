@@ -245,3 +245,60 @@ def test_gpt2_prompts_of_different_lengths_match_hf(beams, hf_models):
                            length_penalty=0.0, early_stopping=False,
                            pad_token_id=eos)[0, lengths[row]:]
         np.testing.assert_array_equal(got[row], _strip_hf(ref, eos, eos))
+
+
+# ----------------------------------------------------------------------------- self-consistency
+
+
+def test_majority_vote_picks_the_mode_and_breaks_ties_by_summed_score():
+    rng = np.random.default_rng(0)
+    answers = list(rng.choice(["a", "b", "c"], size=201, p=[0.2, 0.5, 0.3]))
+    scores = rng.normal(size=201)
+    i = decoding.majority_vote(answers, scores)
+    assert answers[i] == "b"
+    assert scores[i] == max(s for a, s in zip(answers, scores) if a == "b")
+    # 2 vs 2: "y" has the higher summed log-likelihood (-1.5 > -2.5) though "x" has the best
+    # single sample
+    assert decoding.majority_vote(["x", "y", "x", "y"], [-0.1, -0.7, -2.4, -0.8]) == 1
+    assert decoding.majority_vote(["x", "y", "x", "z"], [-9, 0, -9, 0]) == 0  # count first
+
+
+@pytest.mark.parametrize("kind", ["encdec", "decoder_only"])
+def test_self_consistency_with_one_sample_equals_sampling(kind, request):
+    model, params = request.getfixturevalue(kind)
+    inputs, lengths = _inputs(np.random.default_rng(4))
+    key = jax.random.key(7)
+    plain = decoding.generate(model, params, _dcfg(method="sample", temperature=1.5), inputs,
+                              lengths, key=key)
+    sc = decoding.generate(model, params, _dcfg(method="self_consistency", num_samples=1,
+                                                temperature=1.5), inputs, lengths, key=key)
+    np.testing.assert_array_equal(sc["tokens"], plain["tokens"])
+    np.testing.assert_allclose(sc["scores"], plain["scores"], rtol=1e-6)
+    assert (sc["votes"] == 1).all() and sc["samples"].shape == (3, 1, N_NEW)
+
+
+def test_self_consistency_votes_for_the_mode_of_the_model_distribution(decoder_only):
+    """One new token per sample; its answer names whether it lies in a set S of tokens with
+    P(S) ~ 0.7 under the model's own next-token distribution: the vote must pick S's name
+    (whichever it is), a token in S, with a vote share near P(S)."""
+    model, params = decoder_only
+    inputs = np.random.default_rng(5).integers(2, 48, (2, 6)).astype(np.int32)
+    logits = model.apply({"params": params}, {"decoder_input_tokens": inputs})["logits"]
+    probs = np.asarray(jax.nn.softmax(logits[:, -1]), np.float64)  # [2, V]
+    n = 128
+    dcfg = config_lib.DecodeConfig(method="self_consistency", num_samples=n, max_length=1,
+                                   temperature=1.0)
+    for row in range(2):
+        order = [t for t in np.argsort(-probs[row]) if t > 1]  # 0 = pad, 1 = EOS: never in S
+        mass = np.cumsum(probs[row][order])
+        S = set(int(t) for t in order[:int(np.searchsorted(mass, 0.7)) + 1])
+        p_s = probs[row][sorted(S)].sum()
+        assert 0.65 <= p_s <= 0.85
+        for label_s, label_rest in (("in", "out"), ("out", "in")):  # the mode, either name
+            def answer(ids, label_s=label_s, label_rest=label_rest):
+                return label_s if ids and ids[0] in S else label_rest
+            out = decoding.generate(model, params, dcfg, inputs[row:row + 1], eos_id=1,
+                                    key=jax.random.key(row), answer_fn=answer)
+            assert out["answers"] == [label_s]
+            assert int(out["tokens"][0, 0]) in S
+            assert abs(out["votes"][0] / n - p_s) < 0.12

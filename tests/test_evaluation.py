@@ -169,3 +169,17 @@ def test_training_saves_predictions_per_eval_step_and_config_for_tensorboard(wor
     caplog.set_level(logging.INFO)
     evaluation.load(workdir)
     assert not [r for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING]
+
+
+def test_self_consistency_eval_through_overrides(workdir):
+    """decode.method=self_consistency votes over the task's postprocessed answers; one sample
+    per input scores exactly as plain sampling with the same seed."""
+    def run(*overrides):
+        cfg, model, params = evaluation.load(workdir, ["decode.temperature=2.0", *overrides])
+        return evaluation.evaluate(cfg, model, params, tasks=("sentiment",), max_examples=16)
+    sample = run("decode.method=sample")
+    assert run("decode.method=self_consistency", "decode.num_samples=1") == sample
+    voted = run("decode.method=self_consistency", "decode.num_samples=5")
+    assert 0.0 <= voted["sentiment/accuracy"] <= 100.0
+    with pytest.raises(UserError, match="num_samples"):
+        run("decode.method=self_consistency", "decode.num_samples=0")

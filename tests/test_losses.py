@@ -192,3 +192,74 @@ def test_bert_mlm_cap_scores_the_first_n_masked_tokens_and_reports_the_rest():
         out["logits"], np.take_along_axis(batch["encoder_target_tokens"], first4, 1))
     np.testing.assert_allclose(m["cross_entropy"], ce.sum() / w.sum(), rtol=1e-5)
     np.testing.assert_allclose(m["mlm_dropped_fraction"], (w.sum() - 8) / w.sum(), rtol=1e-6)
+
+
+def _gpt_classify():
+    """A tiny GPT classifier and a padded classification batch (segment id 0 = padding)."""
+    import flax.linen as nn
+    from t5lite.models import build_model
+    cfg = tiny_config()
+    cfg.model.num_classes = 3
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 128, (3, 8)).astype(np.int32)
+    seg = np.ones((3, 8), np.int32)
+    seg[0, 5:], seg[1, 2:] = 0, 0
+    batch = {"decoder_input_tokens": tokens, "decoder_segment_ids": seg,
+             "decoder_positions": np.tile(np.arange(8, dtype=np.int32), (3, 1)) * seg,
+             "class_labels": np.array([0, 2, 1], np.int32)}
+    model = build_model(cfg.model)
+    params = nn.meta.unbox(model.init({"params": jax.random.key(0)}, batch)["params"])
+    return cfg, model, params, batch
+
+
+def test_gpt1_auxiliary_lm_loss_on_decoder_only_classification():
+    cfg, model, params, batch = _gpt_classify()
+    out = model.apply({"params": params}, batch)
+    assert out["logits"].shape == (3, 8, 128) and out["class_logits"].shape == (3, 3)
+    # lambda = 0 is today's loss, value and gradient
+    loss0, m0 = losses.compute_loss(cfg, out, batch)
+    assert "lm_loss" not in m0
+    np.testing.assert_allclose(loss0, m0["class_loss"], rtol=1e-6)
+    # the LM term by hand: next-token log-softmax over each row's real tokens only
+    logp = np.asarray(jax.nn.log_softmax(out["logits"].astype(jnp.float32)), np.float64)
+    terms = [-logp[b, t, batch["decoder_input_tokens"][b, t + 1]]
+             for b, n in enumerate(batch["decoder_segment_ids"].sum(1)) for t in range(n - 1)]
+    assert len(terms) == 4 + 1 + 7
+    cfg.train.aux_lm_weight = 0.5
+    loss, m = losses.compute_loss(cfg, out, batch)
+    np.testing.assert_allclose(m["lm_loss"], np.mean(terms), rtol=1e-5)
+    np.testing.assert_allclose(loss, m["class_loss"] + 0.5 * np.mean(terms), rtol=1e-5)
+    np.testing.assert_allclose(m["class_loss"], m0["class_loss"], rtol=1e-6)
+    # micro-batches with the full batch's normalisers sum to the full loss
+    norms = losses.normalizers(cfg, batch)
+    parts = [losses.compute_loss(cfg, {k: v[i::2] for k, v in out.items()},
+                                 {k: v[i::2] for k, v in batch.items()}, norms)[0]
+             for i in (0, 1)]
+    np.testing.assert_allclose(sum(parts), loss, rtol=1e-5)
+
+    def grads(weight):
+        cfg.train.aux_lm_weight = weight
+        f = lambda p: losses.compute_loss(cfg, model.apply({"params": p}, batch), batch)[0]
+        return jax.grad(f)(params)
+    g0, g_half = grads(0.0), grads(0.5)
+    cfg.train.aux_lm_weight = 0.0
+    ref = jax.grad(lambda p: losses.compute_loss(cfg, model.apply({"params": p}, batch),
+                                                 batch)[1]["class_loss"])(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g0, ref)
+    emb = lambda g: np.asarray(g["token_embedder"]["embedding"])  # noqa: E731
+    assert not np.allclose(emb(g_half), emb(g0))  # the LM term trains the (tied) embeddings
+
+
+def test_aux_lm_weight_needs_a_decoder_only_classifier():
+    import pytest
+    from t5lite import config as config_lib
+    from t5lite.errors import UserError
+    cfg = tiny_config()
+    cfg.train.aux_lm_weight = 0.5
+    with pytest.raises(UserError, match="aux_lm_weight"):
+        config_lib.validate(cfg)
+    cfg.model.num_classes = 2
+    config_lib.validate(cfg)
+    cfg.train.aux_lm_weight = -1.0
+    with pytest.raises(UserError, match="aux_lm_weight"):
+        config_lib.validate(cfg)

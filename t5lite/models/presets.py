@@ -9,6 +9,8 @@ sentinels = 8100, padded to 8192).
 
 from __future__ import annotations
 
+import dataclasses
+
 from t5lite.config import Config, DataConfig, ModelConfig, OptimizerConfig, TrainConfig
 from t5lite.errors import UserError
 
@@ -115,6 +117,27 @@ def bert(size: str) -> Config:
                                 warmup_steps=10000, weight_decay=0.01, eps=1e-6)
         train = TrainConfig(steps=1_000_000, z_loss=0.0, eval_every=10000)
     return Config(name=f"bert_{size}", model=m, data=data, optim=optim, train=train)
+
+
+def roberta(size: str) -> Config:
+    """RoBERTa (Liu et al. 2019): BERT's layers (LayerNorm eps 1e-5), no NSP and no pooler, one
+    token type, MLM on packed full-sentence rows with a fresh mask every epoch (seqio's
+    per-example stateless seeds: corpus_mlm_only), 512 positions (HF stores 514: offset by
+    padding_idx + 1, see convert.py). Base keeps HF's 50265-id vocabulary so roberta-base
+    weights import and export; pretraining it here reads the BERT WordPiece corpus task."""
+    _size(BERT, "RoBERTa", size)
+    tiny = size == "tiny"
+    base = bert(size)
+    m = dataclasses.replace(base.model, vocab_size=TINY_VOCAB if tiny else 50265,
+                            num_token_types=1, norm_eps=1e-5, pooler=False, nsp_head=False,
+                            hf_class="RobertaForMaskedLM")
+    data = dataclasses.replace(base.data, mixture_or_task="corpus_mlm_only" if tiny
+                               else "corpus_mlm_only_bert", pack=True)
+    # RoBERTa's larger batches / peak LR (8k x 512, 6e-4); the tiny one keeps BERT tiny's
+    optim = base.optim if tiny else dataclasses.replace(base.optim, learning_rate=6e-4,
+                                                         warmup_steps=24000, b2=0.98)
+    train = base.train if tiny else dataclasses.replace(base.train, steps=500_000)
+    return Config(name=f"roberta_{size}", model=m, data=data, optim=optim, train=train)
 
 
 def gpt2(size: str) -> Config:

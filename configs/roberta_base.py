@@ -1,0 +1,7 @@
+"""RoBERTa base: sizes and defaults in t5lite/models/presets.py (roberta)."""
+
+from t5lite.models.presets import roberta
+
+
+def get_config():
+    return roberta("base")
