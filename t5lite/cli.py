@@ -60,6 +60,15 @@ def cmd_train(args):
     trainer.train(cfg, args.workdir)
 
 
+def cmd_compile(args):
+    from t5lite import aot
+    if args.decode:
+        raise UserError("`t5lite compile --decode` is not built yet: compile the train step "
+                        "(drop --decode).")
+    aot.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
+                        do_search=args.search, hbm_gib=args.hbm_gib)
+
+
 def cmd_quickstart(args):
     from t5lite import quickstart
     quickstart.run(args.workdir, fast=args.fast)
@@ -136,6 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_config(sp)
     sp.add_argument("--workdir", required=True, help="checkpoints, logs (local path or gs://)")
     sp.set_defaults(fn=cmd_train)
+
+    sp = sub.add_parser("compile", help="compile the train step for a TPU slice on this host "
+                        "(needs libtpu, no TPU): fits in HBM? est. step time and MFU")
+    add_config(sp)
+    sp.add_argument("--topology", required=True,
+                    help="gcloud accelerator type (v4-8, v5p-32, v5litepod-16, v6e-8) or JAX "
+                         "topology name (v5p:2x2x4)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--search", action="store_true",
+                    help="try (data, fsdp, tensor) meshes, remat policies and micro-batch "
+                         "counts; rank those that fit by estimated step time")
+    sp.add_argument("--hbm-gib", type=float, default=0.0,
+                    help="HBM per chip to fit into (default: the chip's; lower it for headroom)")
+    sp.add_argument("--decode", action="store_true", help=argparse.SUPPRESS)
+    sp.set_defaults(fn=cmd_compile)
 
     sp = sub.add_parser("quickstart",
                         help="prepare local data, pretrain a tiny T5, finetune it on sentiment")
@@ -217,7 +241,7 @@ def main(argv=None) -> int:
         return 2
     _quiet_env()
     args = build_parser().parse_args(argv)
-    if args.fn not in (cmd_models, cmd_convert):  # the others read data through seqio / TF
+    if args.fn not in (cmd_models, cmd_convert, cmd_compile):  # the others read data through seqio / TF
         _import_tensorflow_quietly()
     try:
         args.fn(args)
