@@ -233,12 +233,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from t5lite import host_malloc
-    try:
-        host_malloc.tune_malloc()  # opt-in (T5LITE_TUNE_MALLOC): before JAX starts its backend
-    except UserError as e:
-        print(f"t5lite: error: {e}", file=sys.stderr)
-        return 2
     _quiet_env()
     args = build_parser().parse_args(argv)
     if args.fn not in (cmd_models, cmd_convert, cmd_compile):  # the others read data through seqio / TF
