@@ -179,6 +179,12 @@ def hlo_collectives(hlo_text: str) -> dict:
                 entry = m.group(1)
         elif cur is not None and line.startswith(" "):
             cur.append(line)
+    sizes = {}  # instruction name -> result bytes (compiled HLO names operands without shapes)
+    for lines in comps.values():
+        for line in lines:
+            d = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (.+?) [a-z][\w\-]*\(", line)
+            if d:
+                sizes[d.group(1)] = _shape_bytes(d.group(2))
     trip = {}
     for lines in comps.values():
         for line in lines:
@@ -216,7 +222,8 @@ def hlo_collectives(hlo_text: str) -> dict:
             result = _shape_bytes(op.group(1))
             args = line[op.end():]
             args = args[:args.find(")") if ")" in args else len(args)]
-            nbytes = max(result, _shape_bytes(args))
+            operands = sum(sizes.get(a, 0) for a in re.findall(r"%([\w.\-]+)", args))
+            nbytes = max(result, operands, _shape_bytes(args))
             if kind.endswith("-start"):  # async: the result tuple holds operand and output
                 nbytes = max(_shape_bytes(s) for s in _split_tuple(op.group(1))) \
                     if op.group(1).startswith("(") else result

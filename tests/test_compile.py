@@ -78,6 +78,37 @@ def test_chip_table_has_every_generation():
         assert c.ici_bw > 1e11
 
 
+HLO = """HloModule m
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %rs = f32[2]{0} reduce-scatter(%x), dimensions={0}
+  %ag = f32[8]{0} all-gather(%rs), dimensions={0}
+  ROOT %t = (s32[], f32[8]) tuple(%i, %ag)
+}
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]) parameter(0)
+  %c = s32[] constant(12)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %ar = f32[8]{0} all-reduce(%a), to_apply=%add
+  %w = (s32[], f32[8]) while(%init), condition=%cond, body=%body
+  ROOT %r = f32[8]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_collectives_count_loop_bodies_times_their_trip_count():
+    assert aot.hlo_collectives(HLO) == {  # all-reduce = reduce-scatter + all-gather: 2 x 32 B
+        "all-reduce": {"count": 1, "bytes": 64}, "reduce-scatter": {"count": 12, "bytes": 384},
+        "all-gather": {"count": 12, "bytes": 384}}
+
+
 # ----------------------------------------------------------------------------- compile
 
 
