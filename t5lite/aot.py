@@ -399,6 +399,81 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     }
 
 
+def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
+    """Compile cfg's decoding program (decoding._generate: prefill + the token loop with its
+    KV cache; cfg.decode sets method, beams and max_length) for `topo`; batch = data.batch_size
+    rows of the inputs length (enc-dec, BERT) or targets length (decoder prompts). Per chip:
+    params, temporaries (the cache), total vs HBM; FLOPs as XLA counts them (the token loop's
+    body once: about prefill + one decoding step)."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    from t5lite import decoding, partitioning, trainer
+    from t5lite.models import build_model, layers, peft
+
+    devices = devices if devices is not None else abstract_devices(topo)
+    mesh = partitioning.make_mesh(cfg.mesh, devices)
+    partitioning.check_batch(mesh, cfg.data.batch_size)
+    model = build_model(cfg.model)
+    decoding.check(cfg.decode, cfg.model)
+    lengths = cfg.data.feature_lengths
+    n_in = lengths.get("inputs") if cfg.model.architecture == "encoder_decoder" else \
+        lengths.get("targets", lengths.get("inputs"))
+    beams = cfg.decode.beams if cfg.decode.method == "beam" else 0
+    key = jax.eval_shape(lambda: jax.random.key(0))  # outside the abstract mesh
+    knobs = dict(decoding._knobs(cfg.decode), eos_id=jnp.int32(1))
+    t0 = time.time()
+    with layers.target_platform("tpu"):
+        abstract, shardings, _ = trainer.abstract_train_state(
+            cfg, model, mesh, peft.make_optimizer(cfg, cfg.train.steps))
+        bsh, rep = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
+        fn = jax.jit(functools.partial(decoding._generate, model, beams, cfg.decode.max_length),
+                     in_shardings=(shardings.params, bsh, bsh, rep, rep))
+        b = cfg.data.batch_size
+        args = (abstract.params, jax.ShapeDtypeStruct((b, n_in), jnp.int32, sharding=bsh),
+                jax.ShapeDtypeStruct((b,), jnp.int32, sharding=bsh),
+                jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),
+                jax.tree.map(lambda x: jax.ShapeDtypeStruct((), x.dtype, sharding=rep), knobs))
+        with partitioning.activate(mesh):
+            compiled = fn.lower(*args).compile()
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+             + mem.temp_size_in_bytes)
+    hbm = hbm_bytes or topo.chip.hbm_bytes
+    return {"config": cfg.name, "program": "decode", "method": cfg.decode.method,
+            "beams": beams, "max_length": cfg.decode.max_length, "topology": topo.name,
+            "jax_topology": topo.jax_name, "chip": topo.chip.name, "chips": mesh.size,
+            "mesh": dict(mesh.shape), "batch_size": b, "input_length": n_in,
+            "fits": total <= hbm, "hbm_bytes_per_chip": hbm, "headroom_bytes": hbm - total,
+            "bytes_per_chip": {"params": _leaf_bytes(abstract.params),
+                               "arguments": mem.argument_size_in_bytes,
+                               "outputs": mem.output_size_in_bytes,
+                               "temp": mem.temp_size_in_bytes, "total": total},
+            "cost_analysis_flops_per_chip": float(cost.get("flops", 0.0)),
+            "collectives": hlo_collectives(compiled.as_text()),
+            "compile_seconds": time.time() - t0}
+
+
+def format_decode_report(r: dict) -> str:
+    b = r["bytes_per_chip"]
+    g = lambda n: f"{n / GiB:.2f} GiB"  # noqa: E731
+    return "\n".join([
+        f"{r['config']} decoding ({r['method']}, beams {r['beams']}, {r['max_length']} new "
+        f"tokens) on {r['topology']} ({r['jax_topology']}, {r['chips']} chips), mesh "
+        + " ".join(f"{k}={v}" for k, v in r["mesh"].items())
+        + f", batch {r['batch_size']} x {r['input_length']}",
+        f"per chip: params {g(b['params'])}, temporaries (KV cache, logits) {g(b['temp'])}, "
+        f"total {g(b['total'])} of {g(r['hbm_bytes_per_chip'])} HBM",
+        ("FITS" if r["fits"] else "DOES NOT FIT") + f": headroom {g(r['headroom_bytes'])}",
+        f"FLOPs per chip as XLA counts them (token loop once): "
+        f"{r['cost_analysis_flops_per_chip']:.3g}",
+        f"compiled in {r['compile_seconds']:.0f} s"])
+
+
 # ---------------------------------------------------------------------------- search
 
 
@@ -498,13 +573,19 @@ def format_report(r: dict) -> str:
 
 
 def compile_command(config_name: str, topology: str, overrides=(), as_json=False,
-                    do_search=False, hbm_gib: float = 0.0, out=print) -> dict:
+                    do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
     """`t5lite compile`: one report (or a search) for a config on a TPU topology."""
     from t5lite import config as config_lib
     topo = parse_topology(topology)
     _require_libtpu()
     cfg = config_lib.load_config(config_name, list(overrides))
     hbm = int(hbm_gib * GiB) if hbm_gib > 0 else 0
+    if decode:
+        if do_search:
+            raise UserError("--search explores training settings; drop it with --decode")
+        r = compile_decode(cfg, topo, hbm_bytes=hbm)
+        out(json.dumps(r) if as_json else format_decode_report(r))
+        return r
     if do_search:
         import sys
         res = search(cfg, topo, hbm, log=(lambda s: print(s, file=sys.stderr)) if as_json

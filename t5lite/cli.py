@@ -62,11 +62,8 @@ def cmd_train(args):
 
 def cmd_compile(args):
     from t5lite import aot
-    if args.decode:
-        raise UserError("`t5lite compile --decode` is not built yet: compile the train step "
-                        "(drop --decode).")
     aot.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
-                        do_search=args.search, hbm_gib=args.hbm_gib)
+                        do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode)
 
 
 def cmd_quickstart(args):
@@ -158,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "counts; rank those that fit by estimated step time")
     sp.add_argument("--hbm-gib", type=float, default=0.0,
                     help="HBM per chip to fit into (default: the chip's; lower it for headroom)")
-    sp.add_argument("--decode", action="store_true", help=argparse.SUPPRESS)
+    sp.add_argument("--decode", action="store_true",
+                    help="compile the decoding program (cfg.decode: method, beams, max_length) "
+                         "instead of the train step")
     sp.set_defaults(fn=cmd_compile)
 
     sp = sub.add_parser("quickstart",

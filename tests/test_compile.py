@@ -224,3 +224,13 @@ def test_cpu_gradient_rewrites_only_for_cpu():
         assert ("custom_vjp_call" in jaxpr) == (platform == "cpu"), platform
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                  out["cpu"], out["tpu"])
+
+
+def test_decode_program_compiles_with_its_cache(capsys):
+    rc = cli.main(["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-1", "--decode",
+                   "--json", "--set", "data.batch_size=4", "--set", "decode.max_length=8",
+                   "--set", "data.feature_lengths.targets=32"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["program"] == "decode" and r["fits"] and r["bytes_per_chip"]["params"] > 0
+    assert r["bytes_per_chip"]["temp"] > 0 and r["cost_analysis_flops_per_chip"] > 0
