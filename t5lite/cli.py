@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     _quiet_env()
     args = build_parser().parse_args(argv)
-    if args.fn not in (cmd_models, cmd_convert, cmd_compile):  # the others read data through seqio / TF
+    if args.fn not in (cmd_models, cmd_convert, cmd_compile):  # others read data via seqio / TF
         _import_tensorflow_quietly()
     try:
         args.fn(args)

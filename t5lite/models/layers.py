@@ -82,11 +82,12 @@ def dense_dot(x, w, n_in: int = 1, tied: bool = False):
     """x [..., *in] . w [*in, *out], contracting x's trailing n_in dims; tied: x [..., D] . w^T
     with w = E [V, D] (the tied output layer).
 
-    Same math as dot_general (used on CPU only, see ``dot``); the hand-written gradient computes dw as one 2-D matmul with the
-    [tokens, *out] output gradient as the left operand, contracting its major (token) axis.
-    Autodiff's form makes XLA:CPU first copy that gradient into a transposed [*out, tokens]
-    buffer (for the vocabulary projection the largest tensor of a train step, which made the
-    output layer several times slower than the model body; in every layer, the MLP's).
+    Same math as dot_general (used on CPU only, see ``dot``); the hand-written gradient computes
+    dw as one 2-D matmul with the [tokens, *out] output gradient as the left operand,
+    contracting its major (token) axis. Autodiff's form makes XLA:CPU first copy that gradient
+    into a transposed [*out, tokens] buffer (for the vocabulary projection the largest tensor of
+    a train step, which made the output layer several times slower than the model body; in every
+    layer, the MLP's).
     """
     if tied:
         return jnp.einsum("...d,vd->...v", x, w)
