@@ -99,6 +99,13 @@ def render(jsonl: str, out: str) -> None:
             continue
         b = r["bytes_per_chip"]
         mesh = "x".join(f"{k[0]}{v}" for k, v in r["mesh"].items())
+        if not r.get("compiled", True):
+            lines.append(
+                f"| {name} | {r['topology']} | {mesh} | {r['remat']} | {r['batch_size']} | "
+                f"{g(b['params'] + b['opt_state'])} / {g(b['temp'])} (XLA) / {g(b['total'])} | "
+                f"- | {g(r['hbm_bytes_per_chip'])} | NO: XLA out of HBM | - | - | - | "
+                f"{r['compile_seconds']:.0f} s |")
+            continue
         mn = r["analytic_min_bytes"]
         ratio = r["flops_per_chip"] / r["model_flops_with_remat_per_chip"]
         lines.append(
@@ -132,8 +139,7 @@ def main():
             print(f"compiling {name} for {ROWS[name][0]} ...", flush=True)
             r = run_row(name)
             print(f"  {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, fits {r['fits']}, "
-                  f"est MFU {r['est_mfu']:.1%}, compiled in {r['compile_seconds']:.0f} s",
-                  flush=True)
+                  f"est MFU {r['est_mfu'] or 0:.1%}, {r['compile_seconds']:.0f} s", flush=True)
             with open(args.jsonl, "a") as f:
                 f.write(json.dumps(r, default=str) + "\n")
             render(args.jsonl, args.out)

@@ -305,13 +305,18 @@ def compile_step(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
     """Compile cfg's train step for `topo` -> the report (see CONTRACTS.md, `t5lite compile`).
     `hbm_bytes` (default: the chip's) is what `fits` compares the per-chip total against."""
     from t5lite import config as config_lib
-    key = (json.dumps(config_lib.to_dict(cfg), sort_keys=True, default=str), topo.jax_name)
+    from t5lite import partitioning
+    d = config_lib.to_dict(cfg)  # the key holds the resolved mesh: fsdp=-1 == fsdp=<chips>
+    d["mesh"] = dict(d["mesh"], **dict(zip(partitioning.MESH_AXES,
+                                           partitioning.mesh_shape(cfg.mesh, topo.chips))))
+    key = (json.dumps(d, sort_keys=True, default=str), topo.jax_name)
     if key not in _CACHE:
         _CACHE[key] = _compile(cfg, topo, devices)
     r = dict(_CACHE[key], topology=topo.name)
     hbm = hbm_bytes or topo.chip.hbm_bytes
     total = r["bytes_per_chip"]["total"]
-    return dict(r, fits=total <= hbm, hbm_bytes_per_chip=hbm, headroom_bytes=hbm - total)
+    return dict(r, fits=r["compiled"] and total <= hbm, hbm_bytes_per_chip=hbm,
+                headroom_bytes=hbm - total)
 
 
 def _compile(cfg, topo: Topology, devices=None) -> dict:
@@ -337,10 +342,16 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
         with partitioning.activate(mesh):
             traced = step.jitted.trace(abstract, batch)
             lowered = traced.lower()
-        compiled = lowered.compile()
         with partitioning.activate(mesh):
             model_flops = trainer.step_flops(cfg, model, mesh, abstract.params,
                                              cfg.data.batch_size)
+        try:
+            compiled = lowered.compile()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            return _out_of_memory(cfg, topo, mesh, abstract, model_flops, str(e),
+                                  time.time() - t0)
     seconds = time.time() - t0
     chips = mesh.size
     mem = compiled.memory_analysis()
@@ -367,6 +378,7 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     model_per_chip = model_flops / chips
     return {
         "config": cfg.name,
+        "compiled": True,
         "topology": topo.name,
         "jax_topology": topo.jax_name,
         "chip": chip.name,
@@ -397,6 +409,29 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
         "est_mfu": model_per_chip / (est * chip.peak_flops) if est else 0.0,
         "compile_seconds": seconds,
     }
+
+
+def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict:
+    """XLA refuses to compile a program whose temporaries exceed the chip's HBM: report it as
+    not fitting, with the sizes its message gives (no FLOPs or time: nothing was compiled)."""
+    units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+    sizes = [float(n) * units[u] for n, u in re.findall(r"([\d.]+)([KMGT])i?B?\b", msg)]
+    params, opt = _leaf_bytes(abstract.params), _leaf_bytes(abstract.opt_state)
+    temp = int(sizes[0]) if sizes else 0
+    total = params + opt + temp
+    return {"config": cfg.name, "topology": topo.name, "jax_topology": topo.jax_name,
+            "chip": topo.chip.name, "chips": mesh.size, "mesh": dict(mesh.shape),
+            "remat": cfg.model.remat, "grad_accum_steps": cfg.train.grad_accum_steps,
+            "batch_size": cfg.data.batch_size, "tokens_per_step": _tokens(cfg),
+            "compiled": False, "xla_error": msg.strip().splitlines()[0][:300],
+            "bytes_per_chip": {"params": params, "opt_state": opt, "arguments": params + opt,
+                               "outputs": 0, "aliased": 0, "temp": temp, "total": total},
+            "flops_per_chip": None, "model_flops_per_chip": model_flops / mesh.size,
+            "model_flops_with_remat_per_chip": None, "cost_analysis_flops_per_chip": None,
+            "loop_scale": None, "bytes_loop_scale": None, "bytes_accessed_per_chip": None,
+            "collectives": {}, "collective_bytes_per_chip": None, "roofline_seconds": {},
+            "bound": None, "est_step_seconds": None, "est_tokens_per_s": None, "est_mfu": None,
+            "compile_seconds": seconds}
 
 
 def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
@@ -516,7 +551,9 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
             r["set"] = sets
             tried.append(r)
             log(f"  {' '.join(sets)}: {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, "
-                f"{'fits' if r['fits'] else 'does not fit'}, est {r['est_step_seconds']:.3g} s")
+                f"{'fits' if r['fits'] else 'does not fit'}"
+                + (f", est {r['est_step_seconds']:.3g} s" if r["compiled"] else
+                   " (XLA: out of HBM)"))
             if r["fits"]:
                 fitting.append(r)
                 break
@@ -547,6 +584,14 @@ def format_report(r: dict) -> str:
     b = r["bytes_per_chip"]
     g = lambda n: f"{n / GiB:.2f} GiB"  # noqa: E731
     mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
+    if not r["compiled"]:
+        return "\n".join([
+            f"{r['config']} on {r['topology']} ({r['jax_topology']}, {r['chips']} chips), mesh "
+            f"{mesh}, remat={r['remat']}, grad_accum_steps={r['grad_accum_steps']}",
+            f"DOES NOT FIT: XLA refused to compile it ({r['xla_error']})",
+            f"per chip: params {g(b['params'])} + opt state {g(b['opt_state'])}, temporaries "
+            f"{g(b['temp'])} (XLA's figure) of {g(r['hbm_bytes_per_chip'])} HBM. Try "
+            "--search, or --set model.remat=full / train.grad_accum_steps=K / mesh.fsdp=-1."])
     lines = [
         f"{r['config']} on {r['topology']} ({r['jax_topology']}, {r['chips']} chips), mesh "
         f"{mesh}, remat={r['remat']}, grad_accum_steps={r['grad_accum_steps']}, "
