@@ -234,3 +234,19 @@ def test_decode_program_compiles_with_its_cache(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["program"] == "decode" and r["fits"] and r["bytes_per_chip"]["params"] > 0
     assert r["bytes_per_chip"]["temp"] > 0 and r["cost_analysis_flops_per_chip"] > 0
+
+
+def test_xla_out_of_memory_is_a_does_not_fit_report():
+    import types
+    cfg = config_lib.load_config("gpt2_tiny", SMALL["gpt2_tiny"])
+    leaf = jax.ShapeDtypeStruct((256, 1024), jnp.float32)  # 1 MiB
+    abstract = types.SimpleNamespace(params={"w": leaf}, opt_state={"m": leaf, "v": leaf})
+    mesh = types.SimpleNamespace(size=4, shape={"data": 4, "fsdp": 1, "tensor": 1})
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+           "temporaries (252.71G) exceeds available HBM (95.74G).")
+    r = aot._out_of_memory(cfg, aot.parse_topology("v5p-8"), mesh, abstract, 8e12, msg, 1.0)
+    r = dict(r, fits=False, hbm_bytes_per_chip=aot.CHIPS["v5p"].hbm_bytes, headroom_bytes=0)
+    assert not r["compiled"] and r["bytes_per_chip"]["temp"] == int(252.71 * aot.GiB)
+    assert r["bytes_per_chip"]["total"] == int(252.71 * aot.GiB) + 3 * 2 ** 20
+    text = aot.format_report(r)
+    assert "DOES NOT FIT" in text and "--search" in text
