@@ -121,7 +121,18 @@ def render(jsonl: str, out: str) -> None:
         if name in done:
             lines.append(f"    {done[name]['command']}")
     lines += ["", "Raw reports: `bench/tpu_plan.jsonl` (one JSON object per row, as "
-              "`t5lite compile --json` prints)."]
+              "`t5lite compile --json` prints).", "",
+              "Rows marked *not measured* were not compiled: on the shared 2-core host one "
+              "compile of a small preset took about 30 minutes (t5_1_1_small, niced, load ~10) "
+              "and the XL/XXL ones take longer; `python bench/tpu_plan.py --rows NAME` adds a "
+              "row. A row that XLA refused (its temporaries exceed HBM) is a measured *does "
+              "not fit*: the preset needs remat, micro-batches or more chips there "
+              "(`t5lite compile --search` finds which).", "",
+              "Caveats: the memory figures are XLA's own; FLOPs and bytes of scanned layers "
+              "are scaled by the loop trip counts (cost_analysis counts a loop body once), "
+              "bytes by the ratio of values produced inside and outside the loops (an "
+              "estimate), so the HBM term of the roofline, and with it the MFU, is the "
+              "least certain number here."]
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -139,7 +150,8 @@ def main():
             print(f"compiling {name} for {ROWS[name][0]} ...", flush=True)
             r = run_row(name)
             print(f"  {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, fits {r['fits']}, "
-                  f"est MFU {r['est_mfu'] or 0:.1%}, {r['compile_seconds']:.0f} s", flush=True)
+                  + (f"est MFU {r['est_mfu']:.1%}, " if r["compiled"] else "XLA out of HBM, ")
+                  + f"{r['compile_seconds']:.0f} s", flush=True)
             with open(args.jsonl, "a") as f:
                 f.write(json.dumps(r, default=str) + "\n")
             render(args.jsonl, args.out)
