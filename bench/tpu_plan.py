@@ -10,7 +10,7 @@ TPU_PLAN.md is re-rendered from it, so rows never compiled say so.
 
 Analytic minimum per chip = parameters + gradients (float32, sharded as the parameters) +
 optimizer state (as sharded) + with remat=full the saved layer inputs (tokens per chip x
-d_model x 2 bytes (bf16) x layers); without remat the activations are not modelled ("-").
+d_model x 2 bytes (bf16) x layers); without remat the activations are not modelled.
 """
 
 from __future__ import annotations
@@ -47,11 +47,12 @@ ROWS = {
 GiB = 1024 ** 3
 
 
-def analytic_min(cfg, r) -> float | None:
+def analytic_min(cfg, r) -> float:
+    """params + grads + optimizer state per chip, + the saved layer inputs with remat=full."""
     b = r["bytes_per_chip"]
     state = 2 * b["params"] + b["opt_state"]
     if cfg.model.remat != "full":
-        return None
+        return state
     m = cfg.model
     layers = m.num_encoder_layers + m.num_decoder_layers
     return state + r["tokens_per_step"] / r["chips"] * m.d_model * 2 * layers
@@ -83,7 +84,8 @@ def render(jsonl: str, out: str) -> None:
         "",
         "Written by `python bench/tpu_plan.py` (t5lite.aot, jax 0.10.2 + libtpu 0.0.42.1, no "
         "TPU). Per chip; GiB = 2^30 bytes. *min* = params + grads + optimizer state (+ saved "
-        "layer inputs with remat=full), see the script. FLOPs: compiled (cost_analysis x the "
+        "layer inputs with remat=full; without remat the activations are not modelled, so "
+        "temp is the activations), see the script. FLOPs: compiled (cost_analysis x the "
         "loop scale) / model (3 x forward matmuls, + remat recompute). MFU: roofline "
         "estimate (max of compute, HBM and ICI time) from the chip table in t5lite/aot.py.",
         "",
@@ -106,12 +108,13 @@ def render(jsonl: str, out: str) -> None:
                 f"- | {g(r['hbm_bytes_per_chip'])} | NO: XLA out of HBM | - | - | - | "
                 f"{r['compile_seconds']:.0f} s |")
             continue
-        mn = r["analytic_min_bytes"]
+        from t5lite import config
+        mn = analytic_min(config.load_config(name, r["set"]), r)
         ratio = r["flops_per_chip"] / r["model_flops_with_remat_per_chip"]
         lines.append(
             f"| {name} | {r['topology']} | {mesh} | {r['remat']} | {r['batch_size']} | "
             f"{g(b['params'] + b['opt_state'])} / {g(b['temp'])} / {g(b['total'])} | "
-            f"{g(mn) if mn else '-'} | {g(r['hbm_bytes_per_chip'])} | "
+            f"{g(mn)} | {g(r['hbm_bytes_per_chip'])} | "
             f"{'yes' if r['fits'] else 'NO'} | {r['flops_per_chip']:.3g} / "
             f"{r['model_flops_with_remat_per_chip']:.3g} ({ratio:.2f}) | "
             f"{r['est_step_seconds'] * 1e3:.0f} ms ({r['bound']}) | {r['est_mfu']:.0%} | "
