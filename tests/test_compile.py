@@ -23,7 +23,7 @@ SMALL = {  # tiny presets at small shapes: a short compile with activations that
     "t5_1_1_tiny": ["data.batch_size=8", "data.feature_lengths.inputs=64",
                     "data.feature_lengths.targets=16", "model.scan_unroll=1"],
     "bert_tiny": ["data.batch_size=8", "data.feature_lengths.inputs=64", "model.scan_unroll=1"],
-    "gpt2_tiny": ["data.batch_size=16", "data.feature_lengths.targets=128",
+    "gpt2_tiny": ["data.batch_size=8", "data.feature_lengths.targets=128",
                   "model.vocab_size=256", "model.scan_unroll=1"],
 }
 
