@@ -126,7 +126,7 @@ def render(jsonl: str, out: str) -> None:
     lines += ["", "Raw reports: `bench/tpu_plan.jsonl` (one JSON object per row, as "
               "`t5lite compile --json` prints).", "",
               "Rows marked *not measured* were not compiled: on the shared 2-core host one "
-              "compile of a small preset took about 30 minutes (t5_1_1_small, niced, load ~10) "
+              "compile of a small or base preset took 8 to 30 minutes (niced, load 5-12) "
               "and the XL/XXL ones take longer; `python bench/tpu_plan.py --rows NAME` adds a "
               "row. A row that XLA refused (its temporaries exceed HBM) is a measured *does "
               "not fit*: the preset needs remat, micro-batches or more chips there "
