@@ -164,7 +164,7 @@ def test_remat_order_is_strict_in_compiled_temporaries():
     assert temp["none"] > temp["minimal"] > temp["full"], temp
 
 
-def test_search_ranks_fitting_meshes_and_says_why_none_fits():
+def test_search_ranks_fitting_meshes_and_says_why_none_fits(capsys):
     # with HBM between the remat=none and remat=full totals, the search must move to remat
     full = compiled("gpt2_tiny", "v5litepod-1", "model.remat=full")["bytes_per_chip"]["total"]
     none = compiled("gpt2_tiny", "v5litepod-1", "model.remat=none")["bytes_per_chip"]["total"]
@@ -175,6 +175,12 @@ def test_search_ranks_fitting_meshes_and_says_why_none_fits():
     assert res["best"]["remat"] in ("minimal", "full")
     assert all(a["est_step_seconds"] <= b["est_step_seconds"]
                for a, b in zip(res["candidates"], res["candidates"][1:]))
+    # the command: one JSON object on stdout, the candidates' log on stderr
+    args = ["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-1", "--search",
+            "--json", "--hbm-gib", str((full + none) / 2 / aot.GiB)]
+    assert cli.main(args + [a for x in SMALL["gpt2_tiny"] for a in ("--set", x)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"]["remat"] == res["best"]["remat"] and out["candidates"]
     res = aot.search(cfg, topo, hbm_bytes=1024, log=lambda s: None, max_accum=1)
     assert res["best"] is None and "nothing fits" in res["why_none"]
     assert "GiB" in res["why_none"] and "larger slice" in res["why_none"]
