@@ -127,9 +127,12 @@ def _require_libtpu() -> None:
 def abstract_devices(topo: Topology):
     """Abstract TPU devices of the slice (compile-only: nothing runs on them)."""
     _require_libtpu()
-    # libtpu reads these at load; on a host without a TPU their probes only log noise.
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    import glob
+    if not glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*"):
+        # no TPU chips here: libtpu's probes for them would only log noise (on a TPU VM they
+        # find the real values)
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     from jax.experimental import topologies
     kw = {"chip_config_name": "megacore" if topo.chip.dims == 3 else "default"}
     if topo.chips < 4:
