@@ -1,4 +1,4 @@
-"""The `t5lite` command: train, eval, infer, quickstart, models, tasks, data, convert, ablate.
+"""`t5lite`: train, compile, eval, infer, quickstart, models, tasks, data, convert, ablate.
 
 Each subcommand parses its flags here and calls one function in the module that owns the work,
 so this file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
