@@ -587,7 +587,7 @@ def format_report(r: dict) -> str:
     b = r["bytes_per_chip"]
     g = lambda n: f"{n / GiB:.2f} GiB"  # noqa: E731
     mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
-    if not r["compiled"]:
+    if not r.get("compiled", True):
         return "\n".join([
             f"{r['config']} on {r['topology']} ({r['jax_topology']}, {r['chips']} chips), mesh "
             f"{mesh}, remat={r['remat']}, grad_accum_steps={r['grad_accum_steps']}",
