@@ -38,6 +38,9 @@ ROWS = {
     "t5_1_1_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
     "t5_1_1_xl": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256"]),
     "t5_1_1_xxl": ("v5p-256", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256"]),
+    # the setting of ../shared/TPU_ANCHOR.md (t5x vs t5lite): 8 chips, fsdp=8, layers unrolled
+    "t5_1_1_base@anchor": ("v5p:2x2x2", ["mesh.data=1", "mesh.fsdp=-1",
+                                         "model.scan_layers=false"]),
     "bert_base": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
     "bert_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
     "gpt2_small": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
@@ -61,13 +64,14 @@ def analytic_min(cfg, r) -> float:
 def run_row(name: str) -> dict:
     from t5lite import aot, config
     topology, sets = ROWS[name]
-    cfg = config.load_config(name, sets)
+    cfg = config.load_config(name.split("@")[0], sets)
     t0 = time.time()
     r = aot.compile_step(cfg, aot.parse_topology(topology))
     r["wall_seconds"] = time.time() - t0
     r["set"] = sets
+    r["row"] = name
     r["analytic_min_bytes"] = analytic_min(cfg, r)
-    r["command"] = (f"t5lite compile --config {name} --topology {topology} "
+    r["command"] = (f"t5lite compile --config {name.split('@')[0]} --topology {topology} "
                     + " ".join(f"--set {s}" for s in sets))
     return r
 
@@ -77,7 +81,7 @@ def render(jsonl: str, out: str) -> None:
     if os.path.exists(jsonl):
         for line in open(jsonl):
             r = json.loads(line)
-            done[r["config"]] = r
+            done[r.get("row", r["config"])] = r
     g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
     lines = [
         "# TPU plan: every preset compiled for a TPU slice on a CPU host",
@@ -109,7 +113,7 @@ def render(jsonl: str, out: str) -> None:
                 f"{r['compile_seconds']:.0f} s |")
             continue
         from t5lite import config
-        mn = analytic_min(config.load_config(name, r["set"]), r)
+        mn = analytic_min(config.load_config(name.split("@")[0], r["set"]), r)
         ratio = r["flops_per_chip"] / r["model_flops_with_remat_per_chip"]
         lines.append(
             f"| {name} | {r['topology']} | {mesh} | {r['remat']} | {r['batch_size']} | "
