@@ -139,7 +139,10 @@ def render(jsonl: str, out: str) -> None:
               "are scaled by the loop trip counts (cost_analysis counts a loop body once), "
               "bytes by the ratio of values produced inside and outside the loops (an "
               "estimate), so the HBM term of the roofline, and with it the MFU, is the "
-              "least certain number here."]
+              "least certain number here. A compiled / model FLOPs ratio below 1 is XLA's "
+              "count (its TPU cost model counts fewer FLOPs than the matmuls even without "
+              "loops, and fewer again with remat inside scanned layers; bench/RESULTS.md), "
+              "not missing work."]
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
 
