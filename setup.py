@@ -35,6 +35,8 @@ setup(
         "tpu": ["jax[tpu]==0.10.2", "google-cloud-storage>=2"],  # tensorboardX on gs://
         "gpu": ["jax[cuda12]==0.10.2"],
         "test": [
+            # libtpu: tests/test_compile.py compiles for abstract TPU slices on the CPU host
+            "jax[tpu]==0.10.2",
             "pytest>=8",
             "pytest-xdist>=3.5",
             "torch==2.13.0",

@@ -8,10 +8,8 @@
 2. The jitted train step (t5lite.trainer.make_train_step: forward + backward + optimizer) on
    batches from that pipeline: tokens per second it consumes.
 The ratio (1 / 2) says how far the pipeline is ahead of training (goal >= 5x). The two are
-measured one after the other, each with the whole machine; in training they share it. The
-process calls t5lite.host_malloc.tune_malloc() as the `t5lite` CLI does: off by default;
-T5LITE_TUNE_MALLOC=1 measures with its glibc settings (one arena: tf.data's parallel mallocs
-then share one lock).
+measured one after the other, each with the whole machine; in training they share it.  glibc's
+MALLOC_* environment variables (e.g. MALLOC_ARENA_MAX=1) change its allocator from the shell.
 Needs the prepared data (`t5lite data prepare corpus vocab_sp8k`).
 """
 
@@ -22,10 +20,6 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from t5lite import host_malloc  # noqa: E402
-
-MALLOC_TUNED = host_malloc.tune_malloc()  # as the `t5lite` CLI does (opt-in), before JAX
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -87,7 +81,7 @@ def main(argv=None):
     print(f"config {args.config}: {cfg.data.mixture_or_task}, lengths "
           f"{dict(cfg.data.feature_lengths)}, batch {cfg.data.batch_size}, pack "
           f"{cfg.data.pack}; {jax.device_count()} {jax.devices()[0].platform} device(s), "
-          f"{os.cpu_count()} CPU cores; glibc malloc tuned: {'yes' if MALLOC_TUNED else 'no'}")
+          f"{os.cpu_count()} CPU cores")
     warm, data = bench_pipeline(cfg, args.batches)
     print(f"pipeline:   {data['tokens_per_s']:10.0f} tokens/s  ({data['batches_per_s']:.1f} "
           f"batches/s, {data['tokens_per_batch']:.0f} non-pad tokens/batch, first 5 batches "

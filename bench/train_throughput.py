@@ -21,9 +21,10 @@ steps one by one (each waits for its result), reporting the median step time: on
 - peak memory: the device's peak_bytes_in_use where JAX reports memory_stats (accelerators),
   else (CPU; always for HF) the subprocess's max RSS (getrusage) minus its RSS after imports:
   params, optimizer state, activations, compiled code and allocator slack.
-- malloc: both sides run with glibc's default malloc, as `t5lite train` does by default;
-  --tune-malloc gives both the t5lite.host_malloc settings (one arena, freed blocks up to
-  512 MiB kept, so steps do not page-fault their buffers back in; T5LITE_TUNE_MALLOC=1).
+- malloc: both sides run with glibc's default malloc, as `t5lite train` does. To try other
+  glibc settings on both, set them from the shell, e.g. MALLOC_ARENA_MAX=1
+  MALLOC_MMAP_THRESHOLD_=536870912 MALLOC_TRIM_THRESHOLD_=536870912 (keeps freed blocks up to
+  512 MiB, so steps do not page-fault their buffers back in); the children inherit them.
 Sizes: tiny = the configs/*_tiny presets (8k vocab), batch 32; small = T5 v1.1 small (77M),
 BERT base (110M: the repo has no BERT small; it is GPT-2 small's shape) and GPT-2 small
 (124M), batch 4 (so that the whole default run stays near 10 minutes on 2 cores). Lengths:
@@ -128,14 +129,6 @@ def step_tokens(family: str, batch: dict) -> int:
     return sum(batch[k].size for k in keys)
 
 
-def _tune_malloc(args) -> bool:
-    if not args.tune_malloc:
-        return False
-    from t5lite import host_malloc
-    os.environ["T5LITE_TUNE_MALLOC"] = "1"
-    return host_malloc.tune_malloc()
-
-
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
@@ -172,7 +165,6 @@ def causal_attention_flops(cfg) -> int:
 
 
 def run_ours(args) -> dict:
-    malloc_tuned = _tune_malloc(args)  # before JAX starts its backend
     import jax
 
     from t5lite import convert, partitioning, trainer
@@ -217,15 +209,13 @@ def run_ours(args) -> dict:
         init, _ = trainer.create_train_state(cfg, model, mesh, tx)
         convert.t5lite_to_hf(cfg, jax.device_get(init.params), args.hf_dir)
     return dict(**_timing(times), loss0=loss0, peak_mib=peak, flops=flops, compile_s=compile_s,
-                params=sum(x.size for x in jax.tree.leaves(abstract.params)),
-                malloc_tuned=malloc_tuned)
+                params=sum(x.size for x in jax.tree.leaves(abstract.params)))
 
 
 # -------------------------------------------------------------------------- HF PyTorch
 
 
 def run_hf(args) -> dict:
-    malloc_tuned = _tune_malloc(args)  # the same settings as ours
     import torch
     import transformers
     torch.set_num_threads(args.hf_threads or os.cpu_count())
@@ -259,8 +249,7 @@ def run_hf(args) -> dict:
 
     loss0, times = _time_steps(step, first, batches, args.steps)
     return dict(**_timing(times), loss0=loss0, peak_mib=_rss_mib() - base,
-                attn=model.config._attn_implementation, threads=torch.get_num_threads(),
-                malloc_tuned=malloc_tuned)
+                attn=model.config._attn_implementation, threads=torch.get_num_threads())
 
 
 def hf_inputs(family: str, b: dict) -> dict:
@@ -306,7 +295,7 @@ def child(side: str, family: str, size: str, args, hf_dir: str) -> dict:
            "--sizes", size, "--steps", str(steps), "--warmup", str(args.warmup),
            "--batch", str(args.batch), "--hf-threads", str(args.hf_threads),
            "--dropout", str(args.dropout), "--scan-unroll", str(args.scan_unroll),
-           "--hf-dir", hf_dir] + (["--tune-malloc"] if args.tune_malloc else [])
+           "--hf-dir", hf_dir]
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
@@ -331,9 +320,6 @@ def main(argv=None):
                    help="torch intra-op threads (0: os.cpu_count(), the cores XLA uses). On a "
                         "machine shared with other jobs, 1 can be faster: torch's OpenMP "
                         "threads wait for each other at every op")
-    p.add_argument("--tune-malloc", action="store_true",
-                   help="both sides with t5lite.host_malloc's glibc settings (one arena, freed "
-                        "blocks up to 512 MiB kept for reuse; T5LITE_TUNE_MALLOC=1)")
     p.add_argument("--peak-flops", type=float, default=0.0,
                    help="peak FLOP/s for MFU (0: measure a float32 2048^2 jnp.dot)")
     p.add_argument("--child", choices=("ours", "hf"), help=argparse.SUPPRESS)
@@ -374,16 +360,11 @@ def main(argv=None):
                        ours_mfu=ours["flops"] / ours["step_s"] / peak,
                        hf_mfu=ours["flops"] / hf["step_s"] / peak,
                        ours_mib=ours["peak_mib"], hf_mib=hf["peak_mib"],
-                       loss=(ours["loss0"], hf["loss0"]), attn=hf["attn"],
-                       malloc=(ours["malloc_tuned"], hf["malloc_tuned"]))
+                       loss=(ours["loss0"], hf["loss0"]), attn=hf["attn"])
             row["ratio"] = row["ours_tps"] / row["hf_tps"]
             rows.append(row)
             print(json.dumps(dict(row, ours=ours, hf=hf)), flush=True)
     print_table(rows)
-    tuned = {side: sorted({("yes" if r["malloc"][i] else "no") for r in rows})
-             for i, side in enumerate(("ours", "HF"))}
-    print("glibc malloc tuned (t5lite.host_malloc, --tune-malloc): "
-          + ", ".join(f"{side} {'/'.join(v)}" for side, v in tuned.items()))
     print("load average at the end " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 

@@ -1,4 +1,5 @@
-"""The `t5lite` command: train, eval, infer, quickstart, plot, models, tasks, data, convert, ablate.
+"""The `t5lite` command: train, compile, eval, infer, quickstart, plot, models, tasks, data,
+convert, ablate.
 
 Each subcommand parses its flags here and calls one function in the module that owns the work,
 so this file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
@@ -19,8 +20,11 @@ def _quiet_env():
     if "JAX_PLATFORMS" not in os.environ:
         try:  # only CPU here: silence the harmless cuInit message
             import importlib.util
-            if importlib.util.find_spec("jax_cuda12_plugin") is None and \
-                    importlib.util.find_spec("libtpu") is None:
+            import glob
+            # libtpu without TPU chips (installed by the test extra for `t5lite compile`)
+            no_tpu = (importlib.util.find_spec("libtpu") is None
+                      or not glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*"))
+            if importlib.util.find_spec("jax_cuda12_plugin") is None and no_tpu:
                 os.environ["JAX_PLATFORMS"] = "cpu"
         except Exception:  # pragma: no cover
             pass
@@ -66,6 +70,12 @@ def cmd_train(args):
     from t5lite import trainer
     cfg = _config(args)
     trainer.train(cfg, args.workdir, allow_config_change=args.allow_config_change)
+
+
+def cmd_compile(args):
+    from t5lite import aot
+    aot.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
+                        do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode)
 
 
 def cmd_quickstart(args):
@@ -215,6 +225,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "decode.*); the old config is kept as config.<n>.json")
     sp.set_defaults(fn=cmd_train)
 
+    sp = add("compile", "compile the train step for a TPU slice on this host (needs libtpu, "
+             "no TPU): fits in HBM? est. step time and MFU")
+    sp.add_argument("--config", required=True,
+                    help="configs/NAME.py, a path, or a bare config name")
+    add_set(sp)
+    sp.add_argument("--topology", required=True,
+                    help="gcloud accelerator type (v4-8, v5p-32, v5litepod-16, v6e-8) or JAX "
+                         "topology name (v5p:2x2x4)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--search", action="store_true",
+                    help="try (data, fsdp, tensor) meshes, remat policies and micro-batch "
+                         "counts; rank those that fit by estimated step time")
+    sp.add_argument("--hbm-gib", type=float, default=0.0,
+                    help="HBM per chip to fit into (0: the chip's; lower it for headroom)")
+    sp.add_argument("--decode", action="store_true",
+                    help="compile the decoding program (cfg.decode: method, beams, max_length) "
+                         "instead of the train step")
+    sp.set_defaults(fn=cmd_compile)
+
     sp = add("quickstart", "prepare local data, pretrain a tiny T5, finetune it on sentiment")
     sp.add_argument("--workdir", default="runs/quickstart",
                     help="where the pretrain/ and finetune/ runs and summary.json go")
@@ -352,12 +381,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from t5lite import host_malloc
-    try:
-        host_malloc.tune_malloc()  # opt-in (T5LITE_TUNE_MALLOC): before JAX starts its backend
-    except UserError as e:
-        print(f"t5lite: error: {e}", file=sys.stderr)
-        return 2
     _quiet_env()
     from t5lite import progress
     progress.drop_closed_event_loop_noise()  # orbax's leftovers after a fallback restore
@@ -365,7 +388,7 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else 2
-    light = (args.fn in (cmd_models, cmd_convert, cmd_plot)
+    light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile)
              or (args.fn is cmd_tasks and args.action == "list")  # cached (listings.py)
              or (args.fn is cmd_train and args.print_config))
     if not light:  # the others read data through seqio / TF

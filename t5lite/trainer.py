@@ -55,9 +55,10 @@ def abstract_train_state(cfg, model, mesh, tx):
     nn.get_partition_spec); optimizer state mirrors them (partitioning.opt_state_specs).
     """
     batch = _init_batch(cfg, mesh)
+    rngs = _init_rngs(cfg)  # outside the mesh: an eager key fails under an abstract TPU mesh
     with partitioning.activate(mesh):
         boxed = jax.eval_shape(functools.partial(model.init, deterministic=True),
-                               _init_rngs(cfg), batch)["params"]
+                               rngs, batch)["params"]
     logical = jax.tree.map(lambda s: s if s is not None else P(), nn.get_partition_spec(boxed),
                            is_leaf=lambda x: x is None or isinstance(x, P))
     params = nn.meta.unbox(boxed)

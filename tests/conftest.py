@@ -12,11 +12,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
+# Only one process may load libtpu unless this is set: pytest-xdist workers that compile for a
+# TPU topology (tests/test_compile.py) would fail on its lockfile.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
 import pytest  # noqa: E402
-
-from t5lite import host_malloc  # noqa: E402
-
-host_malloc.tune_malloc()  # off unless T5LITE_TUNE_MALLOC says otherwise; before any backend
 
 
 def pytest_addoption(parser):

@@ -8,6 +8,8 @@ runs in ``dtype`` (softmax and norms in float32).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import Callable, Optional, Sequence
@@ -16,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models import peft
 
@@ -26,6 +29,37 @@ Axes = tuple[str, ...]
 
 def compute_dtype(cfg) -> jnp.dtype:
     return jnp.dtype(cfg.dtype)
+
+
+# The platform the step is traced for. jax.default_backend() is "cpu" on a CPU host that
+# compiles for an abstract TPU topology (t5lite.aot), so that command sets it explicitly.
+_TARGET_PLATFORM = contextvars.ContextVar("t5lite_target_platform", default=None)
+
+
+@contextlib.contextmanager
+def target_platform(platform: str):
+    """Trace model code for `platform` ("cpu", "tpu", "gpu") whatever the default backend is."""
+    token = _TARGET_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
+
+
+def cpu_gradients() -> bool:
+    """The hand-written gradients below exist for XLA:CPU only; elsewhere autodiff's own form
+    leaves XLA (TPU, GPU) free to fuse and lay out the matmuls as it likes."""
+    return (_TARGET_PLATFORM.get() or jax.default_backend()) == "cpu"
+
+
+def dot(x, w, n_in: int = 1, tied: bool = False):
+    """x [..., *in] . w [*in, *out] (tied: x [..., D] . w^T with w = E [V, D])."""
+    if cpu_gradients():
+        return dense_dot(x, w, n_in, tied)
+    if tied:
+        return jnp.einsum("...d,vd->...v", x, w)
+    contract = tuple(range(x.ndim - n_in, x.ndim))
+    return jax.lax.dot_general(x, w, ((contract, tuple(range(n_in))), ((), ())))
 
 
 def constrain(x, axes: Axes):
@@ -48,11 +82,12 @@ def dense_dot(x, w, n_in: int = 1, tied: bool = False):
     """x [..., *in] . w [*in, *out], contracting x's trailing n_in dims; tied: x [..., D] . w^T
     with w = E [V, D] (the tied output layer).
 
-    Same math as dot_general; the hand-written gradient computes dw as one 2-D matmul with the
-    [tokens, *out] output gradient as the left operand, contracting its major (token) axis.
-    Autodiff's form makes XLA:CPU first copy that gradient into a transposed [*out, tokens]
-    buffer (for the vocabulary projection the largest tensor of a train step, which made the
-    output layer several times slower than the model body; in every layer, the MLP's).
+    Same math as dot_general (used on CPU only, see ``dot``); the hand-written gradient computes
+    dw as one 2-D matmul with the [tokens, *out] output gradient as the left operand,
+    contracting its major (token) axis. Autodiff's form makes XLA:CPU first copy that gradient
+    into a transposed [*out, tokens] buffer (for the vocabulary projection the largest tensor of
+    a train step, which made the output layer several times slower than the model body; in every
+    layer, the MLP's).
     """
     if tied:
         return jnp.einsum("...d,vd->...v", x, w)
@@ -113,7 +148,7 @@ class DenseGeneral(nn.Module):
         kernel = self.param("kernel", nn.with_logical_partitioning(init_fn, self.kernel_axes),
                             shape, jnp.float32)
         x = x.astype(self.dtype)
-        y = dense_dot(x, kernel.astype(self.dtype), self.n_in)
+        y = dot(x, kernel.astype(self.dtype), self.n_in)
         if self.use_bias:
             bias = self.param("bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, self.kernel_axes[self.n_in:]), features, jnp.float32)
@@ -142,7 +177,7 @@ class Embed(nn.Module):
         return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
     def attend(self, x):
-        return dense_dot(x.astype(self.dtype), self.embedding.astype(self.dtype), 1, True)
+        return dot(x.astype(self.dtype), self.embedding.astype(self.dtype), 1, True)
 
 
 class Norm(nn.Module):
@@ -247,7 +282,10 @@ def add_position_bias(mask_B1TS, pos_XHTS):
 
     Autodiff would sum the position bias gradient over the batch with a reduce, which XLA:CPU
     (YNN) runs ~70x slower than the same sum written as a matmul with a ones vector; the
-    gradient here is that matmul. Same numbers (float32 sums in another order)."""
+    gradient here is that matmul (on CPU only: elsewhere autodiff's reduce is the right form).
+    Same numbers (float32 sums in another order)."""
+    if not cpu_gradients():
+        return mask_B1TS + pos_XHTS
     return _add_bias(mask_B1TS.shape[1] == 1, pos_XHTS.shape[0] == 1, mask_B1TS, pos_XHTS)
 
 
@@ -301,6 +339,8 @@ class MultiHeadAttention(nn.Module):
                       **peft.lora_kwargs(cfg, "query"))(x_BTD)
         k_BSHK = proj(name="key", **peft.lora_kwargs(cfg, "key"))(kv_BSD)
         v_BSHK = proj(name="value", **peft.lora_kwargs(cfg, "value"))(kv_BSD)
+        q_BTHK, k_BSHK, v_BSHK = (checkpoint_name(a, n) for a, n in zip(
+            (q_BTHK, k_BSHK, v_BSHK), ("query_proj", "key_proj", "value_proj")))
         if cfg.peft.ia3:
             k_BSHK = peft.ia3_scale(self, "ia3_key", k_BSHK, ("heads", "kv"))
             v_BSHK = peft.ia3_scale(self, "ia3_value", v_BSHK, ("heads", "kv"))
@@ -323,6 +363,7 @@ class MultiHeadAttention(nn.Module):
                                n_in=2, use_bias=cfg.use_bias, dtype=dtype,
                                init=kernel_init(cfg), name="out",
                                **peft.lora_kwargs(cfg, "out"))(out_BTHK)
+        out_BTD = checkpoint_name(out_BTD, "out_proj")
         return constrain(out_BTD, ("batch", "length", "embed"))
 
     def _update_cache(self, k_BTHK, v_BTHK, index):
@@ -369,10 +410,10 @@ class MLP(nn.Module):
                                   use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg))
         lora = peft.lora_kwargs
         if cfg.ffn in GATED:
-            h_BLF = (act(dense(name="wi_0", **lora(cfg, "wi_0"))(x_BLD))
-                     * dense(name="wi_1", **lora(cfg, "wi_1"))(x_BLD))
+            h_BLF = (act(checkpoint_name(dense(name="wi_0", **lora(cfg, "wi_0"))(x_BLD), "mlpwi_0"))
+                     * checkpoint_name(dense(name="wi_1", **lora(cfg, "wi_1"))(x_BLD), "mlpwi_1"))
         else:
-            h_BLF = act(dense(name="wi", **lora(cfg, "wi"))(x_BLD))
+            h_BLF = act(checkpoint_name(dense(name="wi", **lora(cfg, "wi"))(x_BLD), "mlpwi"))
         if cfg.peft.ia3:
             h_BLF = peft.ia3_scale(self, "ia3_mlp", h_BLF, ("mlp",))
         h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
@@ -380,6 +421,7 @@ class MLP(nn.Module):
         out_BLD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("mlp", "embed"),
                                use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg),
                                name="wo", **lora(cfg, "wo"))(h_BLF)
+        out_BLD = checkpoint_name(out_BLD, "mlpwo")
         return constrain(out_BLD, ("batch", "length", "embed"))
 
 

@@ -19,10 +19,15 @@ from t5lite.errors import UserError
 from t5lite.models import layers as L
 from t5lite.models import peft
 
+# Names tagged with jax.ad_checkpoint.checkpoint_name on the projection outputs (layers.py).
+PROJECTION_NAMES = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi", "mlpwi_0",
+                    "mlpwi_1", "mlpwo")
 REMAT_POLICIES = {
-    # minimal: keep matmul outputs (projections, MLP) and recompute the cheap elementwise rest.
-    "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-    "full": None,  # save nothing: recompute the whole block in the backward pass
+    # minimal: keep the named projection outputs (attention q/k/v/out, MLP wi/wo) and recompute
+    # the cheap rest (norms, softmax, activations). A policy by name, not by "dot", so it holds
+    # whatever form the matmul takes (a custom VJP hides dots from dot-based policies).
+    "minimal": jax.checkpoint_policies.save_only_these_names(*PROJECTION_NAMES),
+    "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block
 }
 
 

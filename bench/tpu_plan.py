@@ -1,0 +1,172 @@
+"""Every preset at its paper batch and lengths, compiled for a realistic TPU slice on this host
+(t5lite.aot: libtpu, no TPU) -> bench/TPU_PLAN.md.
+
+    python bench/tpu_plan.py [--rows t5_1_1_small gpt2_small ...] [--jsonl bench/tpu_plan.jsonl]
+
+Each row: the slice, the mesh, per-chip GiB (XLA's memory_analysis) next to the analytic
+minimum, fits, compiled vs model FLOPs, the roofline's estimated MFU. Results are appended to
+the JSONL file as each compile finishes (big presets take many minutes on 2 cores) and
+TPU_PLAN.md is re-rendered from it, so rows never compiled say so.
+
+Analytic minimum per chip = parameters + gradients (float32, sharded as the parameters) +
+optimizer state (as sharded) + with remat=full the saved layer inputs (tokens per chip x
+d_model x 2 bytes (bf16) x layers); without remat the activations are not modelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# preset -> (topology, --set overrides). fsdp over the whole slice (parameters and optimizer
+# state sharded along embed, batch split over all chips); the big presets remat (presets.BIG).
+ROWS = {
+    "t5_1_0_small": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "t5_1_0_base": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "t5_1_0_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "t5_1_0_3b": ("v5p-32", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "t5_1_0_11b": ("v5p-128", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "t5_1_1_small": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "t5_1_1_base": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "t5_1_1_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "t5_1_1_xl": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256"]),
+    "t5_1_1_xxl": ("v5p-256", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256"]),
+    # the setting of ../shared/TPU_ANCHOR.md (t5x vs t5lite): 8 chips, fsdp=8, layers unrolled
+    "t5_1_1_base@anchor": ("v5p:2x2x2", ["mesh.data=1", "mesh.fsdp=-1",
+                                         "model.scan_layers=false"]),
+    "bert_base": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "bert_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "gpt2_small": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "gpt2_medium": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
+    "gpt2_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
+}
+GiB = 1024 ** 3
+
+
+def analytic_min(cfg, r) -> float:
+    """params + grads + optimizer state per chip, + the saved layer inputs with remat=full."""
+    b = r["bytes_per_chip"]
+    state = 2 * b["params"] + b["opt_state"]
+    if cfg.model.remat != "full":
+        return state
+    m = cfg.model
+    layers = m.num_encoder_layers + m.num_decoder_layers
+    return state + r["tokens_per_step"] / r["chips"] * m.d_model * 2 * layers
+
+
+def run_row(name: str) -> dict:
+    from t5lite import aot, config
+    topology, sets = ROWS[name]
+    cfg = config.load_config(name.split("@")[0], sets)
+    t0 = time.time()
+    r = aot.compile_step(cfg, aot.parse_topology(topology))
+    r["wall_seconds"] = time.time() - t0
+    r["set"] = sets
+    r["row"] = name
+    r["analytic_min_bytes"] = analytic_min(cfg, r)
+    r["command"] = (f"t5lite compile --config {name.split('@')[0]} --topology {topology} "
+                    + " ".join(f"--set {s}" for s in sets))
+    return r
+
+
+def render(jsonl: str, out: str) -> None:
+    done = {}
+    if os.path.exists(jsonl):
+        for line in open(jsonl):
+            r = json.loads(line)
+            done[r.get("row", r["config"])] = r
+    g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
+    lines = [
+        "# TPU plan: every preset compiled for a TPU slice on a CPU host",
+        "",
+        "Written by `python bench/tpu_plan.py` (t5lite.aot, jax 0.10.2 + libtpu 0.0.42.1, no "
+        "TPU). Per chip; GiB = 2^30 bytes. *min* = params + grads + optimizer state (+ saved "
+        "layer inputs with remat=full; without remat the activations are not modelled, so "
+        "temp is the activations), see the script. FLOPs: compiled (cost_analysis x the "
+        "loop scale) / model (3 x forward matmuls, + remat recompute). MFU: roofline "
+        "estimate (max of compute, HBM and ICI time) from the chip table in t5lite/aot.py.",
+        "",
+        "| preset | slice | mesh | remat | batch | GiB/chip (params+opt / temp / total) | "
+        "min GiB | HBM | fits | compiled / model FLOPs | est. step | est. MFU | compile |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, (topology, sets) in ROWS.items():
+        r = done.get(name)
+        if r is None:
+            lines.append(f"| {name} | {topology} | fsdp | | | not measured: not compiled in "
+                         "this session (see below) | | | | | | | |")
+            continue
+        b = r["bytes_per_chip"]
+        mesh = "x".join(f"{k[0]}{v}" for k, v in r["mesh"].items())
+        if not r.get("compiled", True):
+            lines.append(
+                f"| {name} | {r['topology']} | {mesh} | {r['remat']} | {r['batch_size']} | "
+                f"{g(b['params'] + b['opt_state'])} / {g(b['temp'])} (XLA) / {g(b['total'])} | "
+                f"- | {g(r['hbm_bytes_per_chip'])} | NO: XLA out of HBM | - | - | - | "
+                f"{r['compile_seconds']:.0f} s |")
+            continue
+        from t5lite import config
+        mn = analytic_min(config.load_config(name.split("@")[0], r["set"]), r)
+        ratio = r["flops_per_chip"] / r["model_flops_with_remat_per_chip"]
+        lines.append(
+            f"| {name} | {r['topology']} | {mesh} | {r['remat']} | {r['batch_size']} | "
+            f"{g(b['params'] + b['opt_state'])} / {g(b['temp'])} / {g(b['total'])} | "
+            f"{g(mn)} | {g(r['hbm_bytes_per_chip'])} | "
+            f"{'yes' if r['fits'] else 'NO'} | {r['flops_per_chip']:.3g} / "
+            f"{r['model_flops_with_remat_per_chip']:.3g} ({ratio:.2f}) | "
+            f"{r['est_step_seconds'] * 1e3:.0f} ms ({r['bound']}) | {r['est_mfu']:.0%} | "
+            f"{r['compile_seconds']:.0f} s |")
+    lines += ["", "Commands (each row is `t5lite compile` with these flags):", ""]
+    for name in ROWS:
+        if name in done:
+            lines.append(f"    {done[name]['command']}")
+    lines += ["", "Raw reports: `bench/tpu_plan.jsonl` (one JSON object per row, as "
+              "`t5lite compile --json` prints).", "",
+              "Rows marked *not measured* were not compiled: on the shared 2-core host one "
+              "compile of a small or base preset took 8 to 30 minutes (niced, load 5-12) "
+              "and the XL/XXL ones take longer; `python bench/tpu_plan.py --rows NAME` adds a "
+              "row. A row that XLA refused (its temporaries exceed HBM) is a measured *does "
+              "not fit*: the preset needs remat, micro-batches or more chips there "
+              "(`t5lite compile --search` finds which).", "",
+              "Caveats: the memory figures are XLA's own; FLOPs and bytes of scanned layers "
+              "are scaled by the loop trip counts (cost_analysis counts a loop body once), "
+              "bytes by the ratio of values produced inside and outside the loops (an "
+              "estimate), so the HBM term of the roofline, and with it the MFU, is the "
+              "least certain number here. A compiled / model FLOPs ratio below 1 is XLA's "
+              "count (its TPU cost model counts fewer FLOPs than the matmuls even without "
+              "loops, and fewer again with remat inside scanned layers; bench/RESULTS.md), "
+              "not missing work."]
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    p.add_argument("--rows", nargs="*", default=list(ROWS), help=f"of {', '.join(ROWS)}")
+    p.add_argument("--jsonl", default=os.path.join(here, "tpu_plan.jsonl"))
+    p.add_argument("--out", default=os.path.join(here, "TPU_PLAN.md"))
+    p.add_argument("--render-only", action="store_true")
+    args = p.parse_args()
+    if not args.render_only:
+        for name in args.rows:
+            print(f"compiling {name} for {ROWS[name][0]} ...", flush=True)
+            r = run_row(name)
+            print(f"  {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, fits {r['fits']}, "
+                  + (f"est MFU {r['est_mfu']:.1%}, " if r["compiled"] else "XLA out of HBM, ")
+                  + f"{r['compile_seconds']:.0f} s", flush=True)
+            with open(args.jsonl, "a") as f:
+                f.write(json.dumps(r, default=str) + "\n")
+            render(args.jsonl, args.out)
+    render(args.jsonl, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""`t5lite compile`: the real train step compiled for abstract TPU slices on this CPU host
+(libtpu from the test extra), remat policies by name, and the CPU-only gradient rewrites.
+
+Compiles for a TPU are slow (tens of seconds each on 2 cores): the few configs here are small
+and t5lite.aot caches each (config, topology) compile, so --search reuses them.
+"""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from t5lite import aot, cli
+from t5lite import config as config_lib
+from t5lite.errors import UserError
+from t5lite.models import build_model, count_params, dummy_batch, layers
+
+SMALL = {  # tiny presets at small shapes: a short compile with activations that still count
+    "t5_1_1_tiny": ["data.batch_size=8", "data.feature_lengths.inputs=64",
+                    "data.feature_lengths.targets=16", "model.scan_unroll=1"],
+    "bert_tiny": ["data.batch_size=8", "data.feature_lengths.inputs=64", "model.scan_unroll=1"],
+    "gpt2_tiny": ["data.batch_size=8", "data.feature_lengths.targets=128",
+                  "model.vocab_size=256", "model.scan_unroll=1"],
+}
+
+
+def compiled(name, topology, *extra, hbm_gib=0.0):
+    cfg = config_lib.load_config(name, SMALL[name] + list(extra))
+    return aot.compile_step(cfg, aot.parse_topology(topology), hbm_bytes=int(hbm_gib * aot.GiB))
+
+
+def param_bytes(name, *extra):
+    return 4 * count_params(config_lib.load_config(name, SMALL[name] + list(extra)).model)
+
+
+# ----------------------------------------------------------------------------- topology
+
+
+@pytest.mark.parametrize("name, chip, shape", [
+    ("v4-8", "v4", (2, 2, 1)), ("v4-16", "v4", (2, 2, 2)), ("v5p-32", "v5p", (2, 2, 4)),
+    ("v5p-128", "v5p", (4, 4, 4)), ("v5p-256", "v5p", (4, 4, 8)),
+    ("v5litepod-1", "v5e", (1, 1)), ("v5litepod-16", "v5e", (4, 4)),
+    ("v6e-8", "v6e", (2, 4)), ("v6e-256", "v6e", (16, 16)), ("v5p:2x2x4", "v5p", (2, 2, 4)),
+    ("V5E:2X4", "v5e", (2, 4))])
+def test_topology_names(name, chip, shape):
+    topo = aot.parse_topology(name)
+    assert (topo.chip.name, topo.shape, topo.chips) == (chip, shape, math.prod(shape))
+
+
+@pytest.mark.parametrize("name", ["v3-8", "v5p-7", "v5p-2", "v5litepod-12", "v5e:2x2x2",
+                                  "tpu", "v6e:0x4"])
+def test_unknown_topology_is_one_user_error(name, capsys):
+    with pytest.raises(UserError):
+        aot.parse_topology(name)
+    rc = cli.main(["compile", "--config", "gpt2_tiny", "--topology", name])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "topology" in err[0]
+
+
+def test_missing_libtpu_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n == "libtpu" else real(n, *a))
+    assert cli.main(["compile", "--config", "gpt2_tiny", "--topology", "v5e:2x2"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install" in err and "jax[tpu]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_chip_table_has_every_generation():
+    for name in ("v4", "v5e", "v5p", "v6e"):
+        c = aot.CHIPS[name]
+        assert c.hbm_bytes > 8 * aot.GiB and c.hbm_bw > 5e11 and c.peak_flops > 1e14
+        assert c.ici_bw > 1e11
+
+
+HLO = """HloModule m
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %rs = f32[2]{0} reduce-scatter(%x), dimensions={0}
+  %ag = f32[8]{0} all-gather(%rs), dimensions={0}
+  ROOT %t = (s32[], f32[8]) tuple(%i, %ag)
+}
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]) parameter(0)
+  %c = s32[] constant(12)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %ar = f32[8]{0} all-reduce(%a), to_apply=%add
+  %w = (s32[], f32[8]) while(%init), condition=%cond, body=%body
+  ROOT %r = f32[8]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_collectives_count_loop_bodies_times_their_trip_count():
+    assert aot.hlo_collectives(HLO) == {  # all-reduce = reduce-scatter + all-gather: 2 x 32 B
+        "all-reduce": {"count": 1, "bytes": 64}, "reduce-scatter": {"count": 12, "bytes": 384},
+        "all-gather": {"count": 12, "bytes": 384}}
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def _check_common(r, name, chips, *extra):
+    b = r["bytes_per_chip"]
+    assert r["chips"] == chips and math.prod(r["mesh"].values()) == chips
+    assert 0 < b["params"] <= b["arguments"] and b["temp"] > 0
+    assert b["total"] >= b["params"] + b["opt_state"]
+    assert r["fits"] and r["headroom_bytes"] == r["hbm_bytes_per_chip"] - b["total"]
+    # FLOPs: the compiled step does at least the model's matmuls (plus remat) and not much
+    # else (elementwise work: norms, softmax, the optimizer update)
+    assert r["model_flops_per_chip"] > 0
+    assert 0.95 * r["model_flops_with_remat_per_chip"] <= r["flops_per_chip"]
+    assert r["flops_per_chip"] <= 1.8 * r["model_flops_with_remat_per_chip"]
+    assert r["loop_scale"] > 1.2  # 2 scanned layers a stack: XLA counts the loop body once
+    assert r["est_step_seconds"] > 0 and 0 < r["est_mfu"] < 1
+
+
+def test_t5_fsdp_on_v5e():
+    r = compiled("t5_1_1_tiny", "v5litepod-4", "mesh.data=1", "mesh.fsdp=-1")
+    _check_common(r, "t5_1_1_tiny", 4)
+    assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1} and r["chip"] == "v5e"
+    full = param_bytes("t5_1_1_tiny")
+    assert full / 4 <= r["bytes_per_chip"]["params"] <= 1.1 * full / 4  # sharded along embed
+    assert "all-gather" in r["collectives"]  # fsdp gathers the parameters
+    assert r["collective_bytes_per_chip"] > 0
+
+
+def test_bert_data_parallel_on_v4_megacore():
+    r = compiled("bert_tiny", "v4-8")
+    _check_common(r, "bert_tiny", 4)  # v4-8 = 4 chips (8 TensorCores, megacore)
+    assert r["chip"] == "v4" and r["mesh"]["data"] == 4
+    assert r["bytes_per_chip"]["params"] == param_bytes("bert_tiny")  # replicated
+    assert r["collectives"]["all-reduce"]["bytes"] >= param_bytes("bert_tiny")  # gradients
+
+
+def test_json_has_the_agreed_keys(capsys):
+    rc = cli.main(["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-1", "--json"]
+                  + [a for s in SMALL["gpt2_tiny"] + ["model.remat=none"] for a in ("--set", s)])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    for k in ("topology", "chips", "mesh", "fits", "hbm_bytes_per_chip", "bytes_per_chip",
+              "flops_per_chip", "model_flops_per_chip", "est_step_seconds", "est_mfu",
+              "collectives"):
+        assert k in r
+    assert set(r["bytes_per_chip"]) >= {"params", "opt_state", "temp", "total"}
+    assert r["topology"] == "v5litepod-1" and r["chips"] == 1
+
+
+def test_remat_order_is_strict_in_compiled_temporaries():
+    temp = {p: compiled("gpt2_tiny", "v5litepod-1", f"model.remat={p}")["bytes_per_chip"]["temp"]
+            for p in ("none", "minimal", "full")}
+    assert temp["none"] > temp["minimal"] > temp["full"], temp
+
+
+def test_search_ranks_fitting_meshes_and_says_why_none_fits(capsys):
+    # with HBM between the remat=none and remat=full totals, the search must move to remat
+    full = compiled("gpt2_tiny", "v5litepod-1", "model.remat=full")["bytes_per_chip"]["total"]
+    none = compiled("gpt2_tiny", "v5litepod-1", "model.remat=none")["bytes_per_chip"]["total"]
+    cfg = config_lib.load_config("gpt2_tiny", SMALL["gpt2_tiny"])
+    topo = aot.parse_topology("v5litepod-1")
+    res = aot.search(cfg, topo, hbm_bytes=(full + none) // 2, log=lambda s: None, max_accum=1)
+    assert res["best"] is not None and res["best"]["fits"]
+    assert res["best"]["remat"] in ("minimal", "full")
+    assert all(a["est_step_seconds"] <= b["est_step_seconds"]
+               for a, b in zip(res["candidates"], res["candidates"][1:]))
+    # the command: one JSON object on stdout, the candidates' log on stderr
+    args = ["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-1", "--search",
+            "--json", "--hbm-gib", str((full + none) / 2 / aot.GiB)]
+    assert cli.main(args + [a for x in SMALL["gpt2_tiny"] for a in ("--set", x)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"]["remat"] == res["best"]["remat"] and out["candidates"]
+    res = aot.search(cfg, topo, hbm_bytes=1024, log=lambda s: None, max_accum=1)
+    assert res["best"] is None and "nothing fits" in res["why_none"]
+    assert "GiB" in res["why_none"] and "larger slice" in res["why_none"]
+
+
+# ----------------------------------------------------------------------------- remat, CPU VJPs
+
+
+def _saved_bytes(remat, capsys):
+    cfg = config_lib.load_config("gpt2_tiny", [f"model.remat={remat}", "model.scan_unroll=1",
+                                               "model.dropout_rate=0"])
+    model = build_model(cfg.model)
+    batch = dummy_batch(cfg.model, 2, {"targets": 32})
+    params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), batch)["params"])
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), params)
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(
+        lambda p: model.apply({"params": p}, batch)["logits"].sum(), params)
+    lines = capsys.readouterr().out.splitlines()  # "f32[2,32,128] from ..." per residual
+    return sum(aot._shape_bytes(line.split(" ")[0]) for line in lines)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_remat_order_is_strict_in_saved_residuals(platform, capsys):
+    with layers.target_platform(platform):
+        saved = {p: _saved_bytes(p, capsys) for p in ("none", "minimal", "full")}
+    assert saved["none"] > saved["minimal"] > saved["full"] > 0, saved
+
+
+def test_cpu_gradient_rewrites_only_for_cpu():
+    cfg = config_lib.load_config("t5_1_1_tiny", ["model.num_encoder_layers=1",
+                                                 "model.num_decoder_layers=1",
+                                                 "model.vocab_size=128"]).model
+    model = build_model(cfg)
+    batch = dummy_batch(cfg, 2, {"inputs": 16, "targets": 8})
+    batch["decoder_target_tokens"] = np.ones_like(batch["decoder_target_tokens"])
+    params = nn.meta.unbox(model.init(jax.random.key(0), batch)["params"])
+
+    def loss(p):
+        return model.apply({"params": p}, batch)["logits"][..., 1].mean()
+
+    out = {}
+    for platform in ("cpu", "tpu"):
+        with layers.target_platform(platform):
+            jaxpr = str(jax.make_jaxpr(jax.grad(loss))(params))
+            out[platform] = jax.jit(jax.grad(loss))(params)
+        assert ("custom_vjp_call" in jaxpr) == (platform == "cpu"), platform
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 out["cpu"], out["tpu"])
+
+
+def test_decode_program_compiles_with_its_cache(capsys):
+    rc = cli.main(["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-1", "--decode",
+                   "--json", "--set", "data.batch_size=4", "--set", "decode.max_length=8",
+                   "--set", "data.feature_lengths.targets=32"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["program"] == "decode" and r["fits"] and r["bytes_per_chip"]["params"] > 0
+    assert r["bytes_per_chip"]["temp"] > 0 and r["cost_analysis_flops_per_chip"] > 0
+
+
+def test_xla_out_of_memory_is_a_does_not_fit_report():
+    import types
+    cfg = config_lib.load_config("gpt2_tiny", SMALL["gpt2_tiny"])
+    leaf = jax.ShapeDtypeStruct((256, 1024), jnp.float32)  # 1 MiB
+    abstract = types.SimpleNamespace(params={"w": leaf}, opt_state={"m": leaf, "v": leaf})
+    mesh = types.SimpleNamespace(size=4, shape={"data": 4, "fsdp": 1, "tensor": 1})
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+           "temporaries (252.71G) exceeds available HBM (95.74G).")
+    r = aot._out_of_memory(cfg, aot.parse_topology("v5p-8"), mesh, abstract, 8e12, msg, 1.0)
+    r = dict(r, fits=False, hbm_bytes_per_chip=aot.CHIPS["v5p"].hbm_bytes, headroom_bytes=0)
+    assert not r["compiled"] and r["bytes_per_chip"]["temp"] == int(252.71 * aot.GiB)
+    assert r["bytes_per_chip"]["total"] == int(252.71 * aot.GiB) + 3 * 2 ** 20
+    text = aot.format_report(r)
+    assert "DOES NOT FIT" in text and "--search" in text
