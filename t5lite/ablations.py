@@ -746,11 +746,15 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
     lines = [" | ".join(head)]
     for name, e in list(out.items()) + [("total", total)]:
         lines.append(" | ".join([name, f"{e['steps']:,}", f"{e['tokens']:.3g}"]
-                                + ([f"{e['tpu_hours']:,.1f}"] if topology else [])))
+                                + ([_hours(e["tpu_hours"])] if topology else [])))
     print(f"{table.name} at --scale {scale}" + (f" on {topology}" if topology else "")
           + f", {seeds} seed(s); training only (the per-checkpoint evaluations come on top):\n"
           + "\n".join(lines), flush=True)
     return {"rows": out, "total": total}
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.1f}" if h >= 10 else f"{h:.3g}"  # tiny rows: seconds, not "0.0"
 
 
 # ----------------------------------------------------------------------------- render

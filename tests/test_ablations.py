@@ -415,12 +415,17 @@ def test_estimate_steps_and_tokens(capsys):
     assert "no_pretraining | 1,835,008 |" in capsys.readouterr().out
 
 
-def test_estimate_topology_needs_the_compile_command(capsys):
-    if "compile" in cli.build_parser()._subparsers._group_actions[0].choices:  # noqa: SLF001
-        pytest.skip("t5lite compile is installed: the TPU-hours come from it")
-    assert cli.main(["ablate", "--table", "6", "--rows", "rate15", "--estimate",
-                     "--topology", "v5p-32"]) == 2
-    assert "needs `t5lite compile`" in capsys.readouterr().err
+@pytest.mark.slow
+def test_estimate_topology_compiles_each_row_for_the_slice(capsys):
+    """TPU-hours = steps x `t5lite compile`'s est_step_seconds x chips (a real AOT compile of
+    the tiny row for a 4-chip v5e slice; needs libtpu, as the test extra installs)."""
+    got = ablations.estimate("table2", rows=["encdec_denoising"], scale="tiny",
+                             topology="v5litepod-4")
+    row = got["rows"]["encdec_denoising"]
+    assert row["steps"] == got["total"]["steps"] > 0
+    assert 0 < row["tpu_hours"] == got["total"]["tpu_hours"] < 1  # a tiny model: seconds
+    out = capsys.readouterr().out
+    assert "on v5litepod-4" in out and "TPU-hours" in out and "| 0.0 " not in out
 
 
 SMALL = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_ff=64",
