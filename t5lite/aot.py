@@ -460,6 +460,7 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     n_in = lengths.get("inputs") if cfg.model.architecture == "encoder_decoder" else \
         lengths.get("targets", lengths.get("inputs"))
     beams = cfg.decode.beams if cfg.decode.method == "beam" else 0
+    samples = cfg.decode.num_samples if cfg.decode.method == "self_consistency" else 0
     key = jax.eval_shape(lambda: jax.random.key(0))  # outside the abstract mesh
     knobs = dict(decoding._knobs(cfg.decode), eos_id=jnp.int32(1))
     t0 = time.time()
@@ -467,7 +468,8 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
         abstract, shardings, _ = trainer.abstract_train_state(
             cfg, model, mesh, peft.make_optimizer(cfg, cfg.train.steps))
         bsh, rep = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
-        fn = jax.jit(functools.partial(decoding._generate, model, beams, cfg.decode.max_length),
+        fn = jax.jit(functools.partial(decoding._generate, model, beams, samples,
+                                       cfg.decode.max_length),
                      in_shardings=(shardings.params, bsh, bsh, rep, rep))
         b = cfg.data.batch_size
         args = (abstract.params, jax.ShapeDtypeStruct((b, n_in), jnp.int32, sharding=bsh),
