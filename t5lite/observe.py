@@ -195,9 +195,8 @@ class RunClock:
         data = {"runs": self.runs + [self._this_run(step)],
                 "productive_at_step": {str(k): v for k, v in sorted(self.marks.items())},
                 "summary": self.summary(step)}
-        tmp = self.path.parent / (GOODPUT_FILE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(self.path)  # atomic on a local disk; a reader never sees half a file
+        from t5lite import checkpointing  # the one temp-file + rename writer
+        checkpointing.write_atomic(self.path, json.dumps(data, indent=1))
 
     def report(self, step: int) -> str:
         s = self.summary(step)
