@@ -51,14 +51,15 @@ def run_cli(capsys, args):
 
 
 def snapshot(workdir) -> dict:
-    """relative path -> sha256 of every file (TensorBoard event files and the lock aside);
+    """relative path -> sha256 of every file (TensorBoard event files, the lock and in-flight
+    temp files aside);
     "rows" -> the metrics records."""
     out = {}
     for dirpath, _, files in os.walk(workdir):
         for f in files:
             rel = os.path.relpath(os.path.join(dirpath, f), workdir)
-            if rel.startswith("tensorboard") or rel == ".lock":
-                continue
+            if rel.startswith("tensorboard") or rel == ".lock" or f.endswith(".tmp"):
+                continue  # (.tmp: an atomic write in flight in a live run, gone a moment later)
             with open(os.path.join(dirpath, f), "rb") as fh:
                 data = fh.read()
             # goodput.json is the run's time accounting: a resume appends its run to "runs"
