@@ -47,7 +47,9 @@ PAPER_MULTITASK_BASE = "c4_iid_denoising"
 # objective variants registered on C4 for --scale paper (c4_<name>): the built-in corpus
 # objectives and this module's rate / span variants
 C4_OBJECTIVES = ("span_corruption", "iid_denoising", "bert_denoising", "mass_denoising",
-                 "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm")
+                 "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm",
+                 "bart_infilling", "bart_permutation", "bart_deletion", "bart_rotation",
+                 "bart_masking", "bart_infilling_permutation")
 
 
 def paper_multitask_members() -> list[str]:
