@@ -657,7 +657,8 @@ _final_ids_cache: dict = {}
 def sentence_final_ids(vocabulary) -> tuple:
     """Ids of the vocabulary's pieces that end a sentence: they end with . ! or ?, not after a
     digit (list numbers such as "1." do not end a sentence). fairseq splits on GPT-2's "."."""
-    key = id(vocabulary)
+    # keyed by the model file too: a local vocabulary follows the data dir when it moves
+    key = (id(vocabulary), str(getattr(vocabulary, "sentencepiece_model_file", "")))
     if key not in _final_ids_cache:
         ids = []
         for i in range(vocabulary.vocab_size - (vocabulary.extra_ids or 0)):
@@ -668,7 +669,7 @@ def sentence_final_ids(vocabulary) -> tuple:
             body = piece.rstrip("".join(_FINAL_PUNCTUATION))
             if len(body) < len(piece) and not body[-1:].isdigit():
                 ids.append(i)
-        _final_ids_cache[key] = (vocabulary, tuple(ids))  # holds the vocab: the id stays its
+        _final_ids_cache[key] = (vocabulary, tuple(ids))  # holding it keeps id() unique
     return _final_ids_cache[key][1]
 
 
