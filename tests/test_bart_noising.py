@@ -259,6 +259,22 @@ def test_tasks_targets_are_the_original_text_and_inputs_fit(data_dir):
     assert not all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, c))
 
 
+def test_chunks_from_the_stream_or_inside_documents():
+    docs = [list(range(FIRST, FIRST + 5)), list(range(FIRST + 100, FIRST + 112))]
+    ds = tf.data.Dataset.from_generator(lambda: ({"targets": d} for d in docs),
+                                        output_signature={"targets": tf.TensorSpec([None],
+                                                                                   tf.int32)})
+    features = {"inputs": seqio.Feature(VOCAB), "targets": seqio.Feature(VOCAB)}
+    for split, want in (("stream", [docs[0] + docs[1][:2], docs[1][2:9], docs[1][9:]]),
+                        ("documents", [docs[0], docs[1][:7], docs[1][7:]])):
+        out = list(objectives.bart_denoising(ds, features, {"inputs": 8, "targets": 8},
+                                             noises=("rotation",), split=split)
+                   .as_numpy_iterator())
+        assert [ex["targets"].tolist() for ex in out] == want  # inputs length - 1 each
+        for ex in out:
+            assert sorted(ex["inputs"].tolist()) == sorted(ex["targets"].tolist())
+
+
 def test_unknown_noise_is_a_user_error():
     with pytest.raises(UserError, match="unknown BART noise"):
         objectives.bart_denoising(tf.data.Dataset.range(1), {"targets": seqio.Feature(VOCAB)},
