@@ -575,9 +575,10 @@ def _check_rate(rate):
 
 def infilling_plan(n, rate, seeds, poisson_lambda=3.0):
     """Where text infilling puts its spans in a chunk of ``n`` tokens -> (has_span_S,
-    span_len_S) over the S = n - budget + 1 gaps around the budget = round(n * rate) kept
-    tokens: gap s holds a span (maybe of length 0) before kept token s (s = n - budget: at the
-    end) when has_span_S[s].
+    span_len_S). budget = round(n * rate) tokens are masked and n - budget kept; the
+    S = n - budget + 1 gaps are before each kept token and at the end: gap s holds a span
+    (maybe of length 0) before kept token s when has_span_S[s]. ``rate`` <= 0.5 keeps the
+    number of spans (at most the budget) within the gaps.
 
     Span lengths are Poisson(poisson_lambda) draws until they cover the budget, the last cut to
     fill it exactly (fairseq's rule); the lengths are then shuffled, so the cut one is not
