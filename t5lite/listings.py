@@ -12,10 +12,8 @@ from __future__ import annotations
 import glob
 import hashlib
 import importlib
-import importlib.util
 import json
 import os
-import sys
 from importlib import metadata
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -63,26 +61,9 @@ def cached(name: str, key: str, build):
     return value
 
 
-def local_data():
-    """t5lite.tasks.local_data (stdlib only) without running t5lite/tasks/__init__.py, which
-    registers every seqio task (TensorFlow). Later imports of the package reuse this module."""
-    name = "t5lite.tasks.local_data"
-    if name in sys.modules or "t5lite.tasks" in sys.modules:
-        return importlib.import_module(name)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tasks",
-                                                                     "local_data.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
 def dataset_names() -> list[str]:
-    return list(local_data().DATASETS)
+    from t5lite import dataprep
+    return list(dataprep.DATASETS)
 
 
 def models_table(names=()) -> str:
@@ -107,7 +88,7 @@ def tasks_table() -> str:
         from t5lite.tasks import inspect
         return inspect.task_rows()
     rows = cached("tasks", key, build)
-    ld = local_data()
+    from t5lite import dataprep as ld
     status = {}
 
     def data(needs):

@@ -237,7 +237,7 @@ def test_listings_are_cached_and_say_which_task_data_is_prepared(tmp_path, monke
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    ld = listings.local_data()
+    from t5lite import dataprep as ld
     manifest = {"format": 1, "datasets": {
         name: {"recipe": ld.DATASETS[name].recipe, "sources": {},
                "files": {rel: {"bytes": len(files[rel]), "sha256": ""}}}

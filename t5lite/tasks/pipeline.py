@@ -11,6 +11,7 @@ from typing import Mapping, Optional
 import seqio
 import tensorflow as tf
 
+from t5lite import dataprep
 from t5lite.errors import UserError
 from t5lite.tasks import converters
 
@@ -84,8 +85,7 @@ def get_dataset(mixture_or_task: str, feature_lengths: Mapping[str, int], archit
     ``use_cached``: read the output of `t5lite data cache` (seqio's cache format) from
     ``cache_dir`` (default <data dir>/seqio_cache) instead of preprocessing on the fly.
     """
-    if data_dir:
-        os.environ["T5LITE_DATA_DIR"] = data_dir
+    dataprep.use_data_dir(data_dir)
     provider = get_mixture_or_task(mixture_or_task)
     feats = task_features(provider)
     converter = converters.make_converter(architecture, feats, pack=pack,

@@ -1,6 +1,6 @@
 """t5lite's tasks and mixtures, registered with seqio's TaskRegistry / MixtureRegistry.
 
-Registering reads nothing from disk: the files under the data dir (local_data.data_dir()) are
+Registering reads nothing from disk: the files under the data dir (dataprep.data_dir()) are
 located when a dataset is built, and a missing file raises UserError naming the
 `t5lite data prepare NAME` command that builds it.
 
@@ -19,7 +19,8 @@ import seqio
 import tensorflow as tf
 
 from t5lite.errors import UserError
-from t5lite.tasks import local_data, metrics, objectives
+from t5lite import dataprep
+from t5lite.tasks import metrics, objectives
 
 TaskRegistry, MixtureRegistry = seqio.TaskRegistry, seqio.MixtureRegistry
 DEFAULT_VOCAB = "t5lite_sp8k"
@@ -36,7 +37,7 @@ class _LocalPaths(Mapping):
         self._dataset, self._rel = dataset, dict(split_to_relpath)
 
     def __getitem__(self, split):
-        path = os.path.join(local_data.data_dir(), self._rel[split])
+        path = os.path.join(dataprep.data_dir(), self._rel[split])
         if not os.path.exists(path):
             raise UserError(f"{path} does not exist: run `t5lite data prepare {self._dataset}` "
                             "(or set $T5LITE_DATA_DIR / data.data_dir to where it was built).")
