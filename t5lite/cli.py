@@ -388,7 +388,7 @@ def main(argv=None) -> int:
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else 2
     light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile)
-             or (args.fn is cmd_tasks and args.action == "list")  # cached (listings.py)
+             or (args.fn is cmd_tasks and args.action == "list")  # task_catalog: no seqio
              or (args.fn is cmd_train and args.print_config))
     if not light:  # the others read data through seqio / TF
         _import_tensorflow_quietly()

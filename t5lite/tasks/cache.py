@@ -21,8 +21,8 @@ from typing import Sequence
 import seqio
 import tensorflow as tf
 
-from t5lite.errors import UserError
 from t5lite import dataprep
+from t5lite.errors import UserError
 from t5lite.tasks import pipeline
 
 

@@ -23,8 +23,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from t5lite.errors import UserError
 from t5lite import dataprep
+from t5lite.errors import UserError
 
 
 class LocalSentencePieceVocabulary(seqio.SentencePieceVocabulary):
