@@ -10,12 +10,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import importlib.util
 import json
 import os
 import typing
 from typing import Any, Optional
 
+from t5lite import pyfiles
 from t5lite.errors import UserError
 
 
@@ -275,11 +275,8 @@ def available_configs() -> list[str]:
 def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     """Load ``get_config()`` from a config file and apply ``key=value`` overrides."""
     file = resolve_config_path(path)
-    spec = importlib.util.spec_from_file_location(
-        "t5lite_config_" + os.path.basename(file)[:-3], file)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        module = pyfiles.load(file, "t5lite_config_" + os.path.basename(file)[:-3])
         if not hasattr(module, "get_config"):
             raise UserError(f"{file} must define get_config() returning t5lite.config.Config.")
         cfg = module.get_config()
