@@ -162,7 +162,7 @@ class TrainConfig:
     eval_steps: int = 10
     stop_on_nan: bool = True
     peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = look up the device (none on CPU)
-    # local datasets built before training if missing (local_data.ensure_prepared), e.g.
+    # local datasets built before training if missing (dataprep.ensure_prepared), e.g.
     # ("corpus", "vocab_sp8k"); () = expect them prepared (`t5lite data prepare`)
     prepare_data: tuple = ()
     # "A:B": jax.profiler trace of the steps after A up to B into WORKDIR/profile/ (process 0)
