@@ -217,3 +217,24 @@ def test_full_corpus_size():
     val = entry["files"]["corpus/validation.txt"]["bytes"]
     assert 0.003 < val / total < 0.03
     assert set(entry["stats"]["sources"]) == set(D.sources.CORPUS_SOURCES)
+
+
+def test_use_data_dir_is_the_one_writer_of_the_data_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("T5LITE_DATA_DIR", "/before")
+    D.use_data_dir("")  # no data dir given: the process keeps its own
+    assert D.data_dir() == "/before"
+    D.use_data_dir("rel/data")
+    assert os.environ["T5LITE_DATA_DIR"] == str(tmp_path / "rel" / "data") == D.data_dir()
+    D.use_data_dir("gs://bucket/data")  # URLs are kept as they are
+    assert os.environ["T5LITE_DATA_DIR"] == "gs://bucket/data"
+    # nothing else in the library sets it
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "t5lite")
+    writers = []
+    for dirpath, _, files in os.walk(src):
+        for f in files:
+            if f.endswith(".py"):
+                text = open(os.path.join(dirpath, f), encoding="utf-8").read()
+                if "environ[ENV] =" in text or 'environ["T5LITE_DATA_DIR"] =' in text:
+                    writers.append(os.path.relpath(os.path.join(dirpath, f), src))
+    assert writers == [os.path.join("dataprep", "datadir.py")]

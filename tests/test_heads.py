@@ -189,8 +189,7 @@ def test_tiny_bert_sentiment_beats_the_majority_class(tmp_path):
     class of the validation split."""
     if not _sentiment_ready():
         pytest.skip("run `t5lite data prepare sentiment bert_vocab` first")
-    from t5lite import trainer
-    from t5lite import dataprep
+    from t5lite import dataprep, trainer
     cfg = config_lib.load_config("tiny_bert_sentiment", ["train.steps=300"])
     cfg.train.eval_steps = 0
     workdir = str(tmp_path / "run")
