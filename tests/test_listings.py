@@ -42,7 +42,10 @@ def test_task_catalog_is_what_seqio_registers():
     from t5lite.tasks import inspect
     live = inspect.task_rows()
     catalog = [{"cells": r.cells(), "needs": list(r.needs)} for r in task_catalog.rows()]
-    assert [r["cells"][0] for r in catalog] == [r["cells"][0] for r in live]
+    names = {r["cells"][0] for r in catalog}, {r["cells"][0] for r in live}
+    assert names[0] == names[1], (
+        f"registered but not in t5lite/task_catalog.py: {sorted(names[1] - names[0])}; "
+        f"in the catalog but not registered: {sorted(names[0] - names[1])}")
     assert catalog == live
 
 
