@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 import json
 import math
 import os
@@ -38,7 +37,7 @@ import shlex
 import time
 from typing import Optional, Sequence
 
-from t5lite import config as config_lib
+from t5lite import config as config_lib, pyfiles
 from t5lite.errors import UserError
 
 # ----------------------------------------------------------------------------- data
@@ -330,10 +329,7 @@ def load_table(name: str) -> Table:
     if not os.path.isfile(path):
         raise UserError(f"no ablation table {name!r}." + _did_you_mean(name, table_names())
                         + f" Tables: {', '.join(table_names())} (`t5lite ablate --list`).")
-    spec = importlib.util.spec_from_file_location("t5lite_ablation_" + os.path.basename(
-        path)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = pyfiles.load(path, "t5lite_ablation_" + os.path.basename(path)[:-3])
     if not isinstance(getattr(module, "TABLE", None), Table):
         raise UserError(f"{path} must define TABLE = t5lite.ablations.Table(...)")
     return module.TABLE

@@ -121,8 +121,8 @@ def cmd_tasks(args):
 
 
 def cmd_data(args):
-    if args.data_dir:
-        os.environ["T5LITE_DATA_DIR"] = os.path.abspath(args.data_dir)
+    from t5lite import dataprep
+    dataprep.use_data_dir(args.data_dir)
     if args.action == "cache":
         if not args.names:
             raise UserError("`t5lite data cache` needs a task or mixture name, e.g. "
@@ -132,8 +132,7 @@ def cmd_data(args):
             cache.cache_task(name, splits=args.splits or (), cache_dir=args.cache_dir,
                              num_shards=args.shards, force=args.force)
         return
-    from t5lite.tasks import local_data
-    local_data.prepare(args.names or None, data_dir=args.data_dir or "", force=args.force)
+    dataprep.prepare(args.names or None, data_dir=args.data_dir or "", force=args.force)
 
 
 def cmd_convert(args):
@@ -389,7 +388,7 @@ def main(argv=None) -> int:
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else 2
     light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile)
-             or (args.fn is cmd_tasks and args.action == "list")  # cached (listings.py)
+             or (args.fn is cmd_tasks and args.action == "list")  # task_catalog: no seqio
              or (args.fn is cmd_train and args.print_config))
     if not light:  # the others read data through seqio / TF
         _import_tensorflow_quietly()

@@ -10,12 +10,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import importlib.util
 import json
 import os
 import typing
 from typing import Any, Optional
 
+from t5lite import pyfiles
 from t5lite.errors import UserError
 
 
@@ -162,7 +162,7 @@ class TrainConfig:
     eval_steps: int = 10
     stop_on_nan: bool = True
     peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = look up the device (none on CPU)
-    # local datasets built before training if missing (local_data.ensure_prepared), e.g.
+    # local datasets built before training if missing (dataprep.ensure_prepared), e.g.
     # ("corpus", "vocab_sp8k"); () = expect them prepared (`t5lite data prepare`)
     prepare_data: tuple = ()
     # "A:B": jax.profiler trace of the steps after A up to B into WORKDIR/profile/ (process 0)
@@ -275,11 +275,8 @@ def available_configs() -> list[str]:
 def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     """Load ``get_config()`` from a config file and apply ``key=value`` overrides."""
     file = resolve_config_path(path)
-    spec = importlib.util.spec_from_file_location(
-        "t5lite_config_" + os.path.basename(file)[:-3], file)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        module = pyfiles.load(file, "t5lite_config_" + os.path.basename(file)[:-3])
         if not hasattr(module, "get_config"):
             raise UserError(f"{file} must define get_config() returning t5lite.config.Config.")
         cfg = module.get_config()

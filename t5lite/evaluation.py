@@ -364,8 +364,8 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     cfg = config_lib.apply_overrides(cfg, overrides)
     config_lib.validate(cfg)
     decoding.check(cfg.decode)
-    if cfg.data.data_dir:
-        os.environ["T5LITE_DATA_DIR"] = checkpointing.abspath(cfg.data.data_dir)
+    from t5lite import dataprep
+    dataprep.use_data_dir(cfg.data.data_dir)
     from t5lite.tasks import pipeline
     pipeline.import_task_modules(cfg.data.task_modules)
     return cfg, build_model(cfg.model), params

@@ -71,11 +71,11 @@ def parse_label_words(spec: str, labels: Sequence[str]) -> dict:
 
 def read_split(task: str, split: str, data_dir: str = "") -> list[tuple[str, str]]:
     """(input, target) rows of a prepared finetuning dataset (CONTRACTS.md finetune TSVs)."""
-    from t5lite.tasks import local_data
-    if task not in local_data.finetune_names():
+    from t5lite import dataprep
+    if task not in dataprep.finetune_names():
         raise UserError(f"few-shot evaluation reads a finetuning dataset; {task!r} is not one "
-                        f"of {', '.join(local_data.finetune_names())}.")
-    path = local_data.require(task, f"finetune/{task}/{split}.tsv", data_dir)
+                        f"of {', '.join(dataprep.finetune_names())}.")
+    path = dataprep.require(task, f"finetune/{task}/{split}.tsv", data_dir)
     with open(path, encoding="utf-8", newline="") as f:
         rows = [tuple(r[:2]) for r in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
                 if len(r) >= 2]
