@@ -735,26 +735,11 @@ def t5lite_to_hf(cfg, params, out_dir: str) -> str:
 # ----------------------------------------------------------------------------- CLI handlers
 
 
-def save_params_dir(cfg, params, dst: str) -> None:
-    """A params-only checkpoint (CONTRACTS.md): dst/config.json + dst/params (orbax)."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    dst = os.path.abspath(dst)
-    if os.path.exists(os.path.join(dst, "params")):
-        raise UserError(f"{dst}/params already exists; choose a new destination or delete it.")
-    os.makedirs(dst, exist_ok=True)
-    with open(os.path.join(dst, "config.json"), "w") as f:
-        json.dump(config_lib.to_dict(cfg), f, indent=2)
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(os.path.join(dst, "params"), jax.tree.map(np.asarray, params))
-    ckptr.wait_until_finished()
-
-
 def import_hf_command(src: str, dst: str) -> None:
     """`t5lite convert import SRC DST`: HF dir -> params-only checkpoint dir."""
+    from t5lite import checkpointing
     cfg, params = hf_to_t5lite(src)
-    save_params_dir(cfg, params, dst)
+    checkpointing.save_params_dir(dst, cfg, params)
     n = sum(math.prod(x.shape) for x in _flatten(params).values())
     print(f"imported {_architecture(read_hf_config(src))} from {src}: {n:,} params, "
           f"{cfg.model.architecture} -> {dst} (config.json + params/)")
@@ -796,13 +781,13 @@ def merge_lora_command(src: str, dst: str) -> None:
     """`t5lite convert merge-lora SRC DST`: a LoRA checkpoint (anything load_params reads) ->
     a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
     infer and init_from."""
-    from t5lite import progress
-    from t5lite.checkpointing import load_params
+    import jax
+    from t5lite import checkpointing, progress
     from t5lite.models import peft
 
     with progress.quiet_absl():
-        cfg, params = load_params(src)
+        cfg, params = checkpointing.load_params(src)
     cfg, params = peft.merge_lora(cfg, params)
-    save_params_dir(cfg, params, dst)
+    checkpointing.save_params_dir(dst, cfg, jax.tree.map(np.asarray, params))
     print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "
           f"export it with `t5lite convert export {dst} HF_DIR`")

@@ -298,10 +298,9 @@ class TrainEvaluator:
         from t5lite import checkpointing
         # workdirs may be local or gs://: file I/O through epath (see checkpointing.abspath)
         self.best_dir = epath.Path(checkpointing.abspath(workdir)) / "best"
-        self.best = None
-        path = self.best_dir / "metrics.json"
-        if path.exists():  # resumed run: beat the best kept so far
-            self.best = json.loads(path.read_text()).get(cfg.eval.best_metric)
+        kept = checkpointing.read_metadata(str(self.best_dir), "metrics.json")
+        # resumed run: beat the best kept so far
+        self.best = None if kept is None else kept.get(cfg.eval.best_metric)
 
     @staticmethod
     def wanted(cfg) -> bool:
@@ -341,15 +340,9 @@ class TrainEvaluator:
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     def _save(self, step: int, params, metrics: dict) -> None:
-        import orbax.checkpoint as ocp
-        ckptr = ocp.StandardCheckpointer()
-        ckptr.save(self.best_dir / "params", params, force=True)
-        ckptr.wait_until_finished()
-        if jax.process_index() == 0:
-            (self.best_dir / "config.json").write_text(
-                json.dumps(config_lib.to_dict(self.cfg), indent=2))
-            (self.best_dir / "metrics.json").write_text(
-                json.dumps({"step": step, **metrics}, indent=2))
+        from t5lite import checkpointing
+        checkpointing.save_params_dir(str(self.best_dir), self.cfg, params,
+                                      {"metrics.json": {"step": step, **metrics}}, overwrite=True)
 
 
 # ----------------------------------------------------------------------------- commands
