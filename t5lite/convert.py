@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import Optional
 
@@ -173,7 +172,7 @@ def _read_weights(path: str, fmt: str) -> dict:
     return out
 
 
-def _architecture(hf_cfg: dict) -> str:
+def hf_architecture(hf_cfg: dict) -> str:
     archs = hf_cfg.get("architectures") or []
     if not archs and hf_cfg.get("model_type") in _BY_MODEL_TYPE:
         archs = [_BY_MODEL_TYPE[hf_cfg["model_type"]]]
@@ -228,7 +227,7 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
                    scan_layers: bool = True) -> config_lib.Config:
     """A t5lite Config whose ModelConfig reproduces the HF model (``tensors`` decides T5
     tying: a T5 lm_head that differs from the embedding means untied)."""
-    arch = _architecture(hf_cfg)
+    arch = hf_architecture(hf_cfg)
     family = SUPPORTED[arch]
     g = hf_cfg.get
     cfg = config_lib.Config(name=f"hf_{family}")
@@ -600,7 +599,7 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     """-> (Config, params): params is the unboxed float32 numpy pytree that
     ``build_model(cfg.model).init`` would produce, with the HF weights."""
     hf_cfg, tensors = read_hf_dir(hf_dir)
-    family = SUPPORTED[_architecture(hf_cfg)]
+    family = SUPPORTED[hf_architecture(hf_cfg)]
     tensors = _normalize_names(family, tensors)
     if family == "roberta":
         tensors, family = _roberta_to_bert(tensors, _roberta_offset(hf_cfg)), "bert"
@@ -624,7 +623,7 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     for r in rules:
         if r.hf not in tensors:
             raise UserError(f"{hf_dir}: tensor {r.hf} is missing; the weights do not match "
-                            f"config.json ({_architecture(hf_cfg)}). Re-save the "
+                            f"config.json ({hf_architecture(hf_cfg)}). Re-save the "
                             "model with transformers' save_pretrained.")
         x = tensors[r.hf]
         used.add(r.hf)
@@ -732,17 +731,7 @@ def t5lite_to_hf(cfg, params, out_dir: str) -> str:
     return out_dir
 
 
-# ----------------------------------------------------------------------------- CLI handlers
-
-
-def import_hf_command(src: str, dst: str) -> None:
-    """`t5lite convert import SRC DST`: HF dir -> params-only checkpoint dir."""
-    from t5lite import checkpointing
-    cfg, params = hf_to_t5lite(src)
-    checkpointing.save_params_dir(dst, cfg, params)
-    n = sum(math.prod(x.shape) for x in _flatten(params).values())
-    print(f"imported {_architecture(read_hf_config(src))} from {src}: {n:,} params, "
-          f"{cfg.model.architecture} -> {dst} (config.json + params/)")
+# ----------------------------------------------------------------------------- HF config files
 
 
 def read_hf_config(hf_dir: str) -> dict:
@@ -757,37 +746,3 @@ def read_hf_config(hf_dir: str) -> dict:
         raise UserError(f"{path} holds a JSON {type(hf_cfg).__name__}, not an object; it must "
                         "be the config.json that save_pretrained wrote")
     return hf_cfg
-
-
-def export_hf_command(src: str, dst: str) -> None:
-    """`t5lite convert export SRC DST`: params-only dir / workdir / step dir -> HF dir."""
-    from t5lite import progress
-    from t5lite.checkpointing import load_params
-
-    with progress.quiet_absl():
-        cfg, params = load_params(src)
-    p = cfg.model.peft
-    if p.lora_rank and not (p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3):
-        merged = src.rstrip("/") + "_merged"
-        raise UserError(f"{src} is a LoRA run: merge LoRA into the base weights first with "
-                        f"`t5lite convert merge-lora {src} {merged}`, then `t5lite convert "
-                        f"export {merged} {dst}`.")
-    t5lite_to_hf(cfg, params, dst)
-    print(f"exported {src} as {config_to_hf(cfg.model)['architectures'][0]} -> {dst} "
-          "(config.json + model.safetensors; load with from_pretrained)")
-
-
-def merge_lora_command(src: str, dst: str) -> None:
-    """`t5lite convert merge-lora SRC DST`: a LoRA checkpoint (anything load_params reads) ->
-    a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
-    infer and init_from."""
-    import jax
-    from t5lite import checkpointing, progress
-    from t5lite.models import peft
-
-    with progress.quiet_absl():
-        cfg, params = checkpointing.load_params(src)
-    cfg, params = peft.merge_lora(cfg, params)
-    checkpointing.save_params_dir(dst, cfg, jax.tree.map(np.asarray, params))
-    print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "
-          f"export it with `t5lite convert export {dst} HF_DIR`")
