@@ -556,16 +556,13 @@ def from_dict(d: dict) -> Config:
         if section == "name":
             cfg.name = values
             continue
-        for k, v in _flatten(values).items():
+        for k, v in flatten(values).items():
             set_by_path(cfg, f"{section}.{k}", tuple(v) if isinstance(v, list) else v)
     return cfg
 
 
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and k != "feature_lengths":
-            out.update(_flatten(v, prefix + k + "."))
-        else:
-            out[prefix + k] = v
-    return out
+def flatten(d: dict) -> dict:
+    """A config dict (to_dict's) -> {"section.key": value}; feature_lengths stays one value."""
+    from flax import traverse_util  # here, not at the top: importing flax costs ~2 s
+    return traverse_util.flatten_dict(
+        d, sep=".", is_leaf=lambda path, _: bool(path) and path[-1] == "feature_lengths")

@@ -28,6 +28,7 @@ import os
 from typing import Optional
 
 import numpy as np
+from flax import traverse_util
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
@@ -573,25 +574,6 @@ def _abstract_leaves(m) -> dict:
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def _unflatten(flat: dict) -> dict:
-    tree: dict = {}
-    for path, value in flat.items():
-        node = tree
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-        node[path[-1]] = value
-    return tree
-
-
-def _flatten(tree, prefix=()) -> dict:
-    if not isinstance(tree, dict) and not hasattr(tree, "items"):
-        return {prefix: tree}
-    out = {}
-    for k, v in tree.items():
-        out.update(_flatten(v, prefix + (k,)))
-    return out
-
-
 # ----------------------------------------------------------------------------- import / export
 
 
@@ -655,7 +637,7 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
                         f"head or variant?): {', '.join(unused[:6])}. Supported: "
                         f"{', '.join(SUPPORTED)} as saved by transformers.")
     _check_complete(flat, want)
-    return cfg, _unflatten(flat)
+    return cfg, traverse_util.unflatten_dict(flat)
 
 
 def _check_tied(family, m, tensors, hf_dir):
@@ -694,7 +676,8 @@ def t5lite_to_hf(cfg, params, out_dir: str) -> str:
     roberta = family == "roberta"
     family = "bert" if roberta else family
     rules, _ = _RULES[family](m)
-    flat = {p: np.asarray(v, np.float32) for p, v in _flatten(params).items()}
+    flat = {p: np.asarray(v, np.float32)
+            for p, v in traverse_util.flatten_dict(params).items()}
     want = _abstract_leaves(m)
     for path, shape in want.items():
         if path not in flat:
