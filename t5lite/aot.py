@@ -250,7 +250,7 @@ def _matmul_flops(jaxpr, scale_loops: bool) -> int:
     total = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            total += metrics_log._dot_flops(eqn)
+            total += metrics_log.dot_flops(eqn)
         n = 1
         if eqn.primitive.name == "scan":  # XLA's loop body holds `unroll` iterations
             length, unroll = eqn.params["length"], eqn.params.get("unroll", 1)
@@ -438,11 +438,11 @@ def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict
 
 
 def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
-    """Compile cfg's decoding program (decoding._generate: prefill + the token loop with its
-    KV cache; cfg.decode sets method, beams and max_length) for `topo`; batch = data.batch_size
-    rows of the inputs length (enc-dec, BERT) or targets length (decoder prompts). Per chip:
-    params, temporaries (the cache), total vs HBM; FLOPs as XLA counts them (the token loop's
-    body once: about prefill + one decoding step)."""
+    """Compile cfg's decoding program (decoding.generate_program: prefill + the token loop
+    with its KV cache; cfg.decode sets method, beams and max_length) for `topo`; batch =
+    data.batch_size rows of the inputs length (enc-dec, BERT) or targets length (decoder
+    prompts). Per chip: params, temporaries (the cache), total vs HBM; FLOPs as XLA counts
+    them (the token loop's body once: about prefill + one decoding step)."""
     import time
 
     import jax
@@ -462,13 +462,13 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     beams = cfg.decode.beams if cfg.decode.method == "beam" else 0
     samples = cfg.decode.num_samples if cfg.decode.method == "self_consistency" else 0
     key = jax.eval_shape(lambda: jax.random.key(0))  # outside the abstract mesh
-    knobs = dict(decoding._knobs(cfg.decode), eos_id=jnp.int32(1))
+    knobs = dict(decoding.runtime_knobs(cfg.decode), eos_id=jnp.int32(1))
     t0 = time.time()
     with layers.target_platform("tpu"):
         abstract, shardings, _ = trainer.abstract_train_state(
             cfg, model, mesh, peft.make_optimizer(cfg, cfg.train.steps))
         bsh, rep = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
-        fn = jax.jit(functools.partial(decoding._generate, model, beams, samples,
+        fn = jax.jit(functools.partial(decoding.generate_program, model, beams, samples,
                                        cfg.decode.max_length),
                      in_shardings=(shardings.params, bsh, bsh, rep, rep))
         b = cfg.data.batch_size

@@ -90,7 +90,7 @@ def _configure_orbax() -> None:
             absl_log.setLevel(level)
 
 
-def _all_hosts_ok(ok: bool) -> bool:
+def all_hosts_ok(ok: bool) -> bool:
     """True when ``ok`` holds on every process (a collective: all processes must call it)."""
     if jax.process_count() == 1:
         return ok
@@ -177,7 +177,7 @@ class Checkpointer:
                 error = e
             # Every host must restore the same step: one host's read error (its shard, its
             # disk) makes the step unusable for all, or they would train from different states.
-            if not _all_hosts_ok(error is None):
+            if not all_hosts_ok(error is None):
                 self._quarantine(step, error or RuntimeError(
                     "another host could not read its part of this checkpoint"))
                 continue
@@ -187,7 +187,7 @@ class Checkpointer:
                 except Exception as e:  # noqa: BLE001 - deleted, truncated, garbage ...
                     error = e
                     self.data_iter_dirty = True
-                if not _all_hosts_ok(error is None):
+                if not all_hosts_ok(error is None):
                     self._quarantine(step, error or RuntimeError(
                         "another host could not read its data iterator state"),
                         what="data iterator state")
@@ -240,7 +240,7 @@ class Checkpointer:
         if jax.process_count() > 1:  # the others list the steps only after the move
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices(f"t5lite_quarantine_{step}")
-        if not _all_hosts_ok(failure is None):
+        if not all_hosts_ok(failure is None):
             raise UserError(
                 f"checkpoint step {step} in {self.dir} is unreadable and could not be moved "
                 f"aside ({failure or 'on process 0'}); move it out of {self.dir} or fix its "

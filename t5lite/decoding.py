@@ -251,7 +251,7 @@ def _beam_loop(n, nb, alpha, stepper, cache, logits_BV, lengths_B, eos_id):
 _FNS: dict = {}
 
 
-def _knobs(dcfg) -> dict:
+def runtime_knobs(dcfg) -> dict:
     """The decoding settings that are runtime values (no recompile when they change)."""
     greedy = dcfg.method == "greedy"
     return {"temperature": np.float32(0.0 if greedy else dcfg.temperature),
@@ -276,9 +276,9 @@ def make_generate_fn(model, dcfg, eos_id: int):
     samples = dcfg.num_samples if dcfg.method == "self_consistency" else 0
     sig = (repr(model.cfg), beams, samples, dcfg.max_length)
     if sig not in _FNS:
-        _FNS[sig] = jax.jit(functools.partial(_generate, model, beams, samples,
+        _FNS[sig] = jax.jit(functools.partial(generate_program, model, beams, samples,
                                               dcfg.max_length))
-    jitted, knobs = _FNS[sig], dict(_knobs(dcfg), eos_id=np.int32(eos_id))
+    jitted, knobs = _FNS[sig], dict(runtime_knobs(dcfg), eos_id=np.int32(eos_id))
     if not samples:
         return lambda params, inputs_BS, lengths_B, key, answer_fn=None: jitted(
             params, inputs_BS, lengths_B, key, knobs)
@@ -289,12 +289,14 @@ def make_generate_fn(model, dcfg, eos_id: int):
     return self_consistent
 
 
-def _generate(model, beams, samples, n, params, inputs_BS, lengths_B, key, knobs):
+def generate_program(model, beams, samples, n, params, inputs_BS, lengths_B, key, knobs):
+    """The traceable decoding program make_generate_fn jits (aot.compile_decode lowers it for a
+    TPU slice): ``beams`` / ``samples`` / ``n`` (max length) are static, ``knobs`` runtime."""
     b, eos_id = inputs_BS.shape[0], knobs["eos_id"]
     if samples:  # self-consistency: every row N times (row-major), sampled independently
         inputs_BS = jnp.repeat(inputs_BS, samples, axis=0)
         lengths_B = jnp.repeat(lengths_B, samples, axis=0)
-        out = _generate(model, 0, 0, n, params, inputs_BS, lengths_B, key, knobs)
+        out = generate_program(model, 0, 0, n, params, inputs_BS, lengths_B, key, knobs)
         return {"samples": out["tokens"].reshape(b, samples, n),
                 "sample_scores": out["scores"].reshape(b, samples)}
     if model.cfg.architecture == "encoder_decoder":

@@ -344,7 +344,7 @@ class TrainEvaluator:
                                       {"metrics.json": {"step": step, **metrics}}, overwrite=True)
 
 
-# ----------------------------------------------------------------------------- checkpoint -> records
+# ------------------------------------------------------------------------ checkpoint -> records
 
 
 def load(checkpoint: str, overrides: Sequence[str] = ()):
