@@ -483,21 +483,37 @@ MEANING = {  # what 0 / -1 mean, for the error message
 }
 
 
-def _check_ranges(cfg: Config) -> None:
+def check_fields(obj, prefix: str = "") -> None:
+    """The one home of single-field rules: every field of ``obj`` (a Config, or one section
+    such as a DecodeConfig with prefix "decode") against CHOICES, RANGES and finiteness.
+    decoding.check / models.check call it for the section they get, so a config built in
+    Python (not loaded from a file) meets the same rules."""
     import math
-    for key in _all_keys(cfg):
-        value = get_by_path(cfg, key)
+    pre = prefix + "." if prefix else ""
+    for key in _all_keys(obj):
+        value, full = get_by_path(obj, key), pre + key
+        if full in CHOICES:
+            choices = CHOICES[full]
+            if value not in choices:
+                hint = difflib.get_close_matches(str(value), choices, n=1)
+                raise UserError(f"{full}={value!r} is not one of {', '.join(choices)}."
+                                + (f" Did you mean {hint[0]!r}?" if hint else ""))
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{key}={value} is not a finite number; give a finite value "
-                            f"(the default is {get_by_path(_DEFAULT, key)})")
-        lo, hi = RANGES.get(key, (None, None))
+            raise UserError(f"{full}={value} is not a finite number; give a finite value "
+                            f"(the default is {get_by_path(_DEFAULT, full)})")
+        lo, hi = RANGES.get(full, (None, None))
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             want = (f"between {lo} and {hi}" if lo is not None and hi is not None else
                     f">= {lo}" if lo is not None else f"<= {hi}")
-            raise UserError(f"{key}={value} is out of range: it must be {want}"
-                            f"{MEANING.get(key, '')}. Fix the config or its --set override.")
+            raise UserError(f"{full}={value} is out of range: it must be {want}"
+                            f"{MEANING.get(full, '')}. Fix the config or its --set override.")
+
+
+def _check_ranges(cfg: Config) -> None:
+    check_fields(cfg)
     for name, n in cfg.data.feature_lengths.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise UserError(f"data.feature_lengths[{name!r}]={n!r} must be a positive integer")
@@ -510,25 +526,11 @@ def _check_ranges(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Checks that need only the config (mesh/device checks live in partitioning.py)."""
-    _check_ranges(cfg)
-    for key, choices in CHOICES.items():
-        value = get_by_path(cfg, key)
-        if value not in choices:
-            hint = difflib.get_close_matches(str(value), choices, n=1)
-            raise UserError(f"{key}={value!r} is not one of {', '.join(choices)}."
-                            + (f" Did you mean {hint[0]!r}?" if hint else ""))
+    _check_ranges(cfg)  # every single field (CHOICES, RANGES); cross-field rules below
     m = cfg.model
-    for name in ("d_model", "num_heads", "head_dim", "d_ff", "vocab_size"):
-        if getattr(m, name) <= 0:
-            raise UserError(f"model.{name} must be positive, got {getattr(m, name)}")
-    if cfg.data.batch_size <= 0:
-        raise UserError("data.batch_size must be positive")
-    if cfg.train.grad_accum_steps < 1 or cfg.data.batch_size % cfg.train.grad_accum_steps:
+    if cfg.data.batch_size % cfg.train.grad_accum_steps:
         raise UserError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
                         f"train.grad_accum_steps={cfg.train.grad_accum_steps}")
-    if m.scan_unroll < 0:
-        raise UserError(f"model.scan_unroll must be >= 0 (0 = unroll the whole stack), "
-                        f"got {m.scan_unroll}")
     if not 0.0 <= m.dropout_rate < 1.0:
         raise UserError(f"model.dropout_rate must be in [0, 1), got {m.dropout_rate}")
     if not 0.0 <= m.mlm_predict_fraction <= 1.0 or (m.mlm_predict_fraction

@@ -36,24 +36,12 @@ import numpy as np
 from t5lite.errors import UserError
 
 NEG = -1.0e9  # "impossible" score: finite, so arithmetic on it never makes NaNs
-METHODS = ("greedy", "beam", "sample", "self_consistency")
 
 
 def check(dcfg, model_cfg=None, prompt_length: int = 1) -> None:
-    """Config errors with what to do about them."""
-    if dcfg.method not in METHODS:
-        raise UserError(f"decode.method={dcfg.method!r}; use {', '.join(METHODS)}.")
-    if dcfg.num_samples < 1:
-        raise UserError(f"decode.num_samples must be >= 1 (samples voted per input with "
-                        f"decode.method=self_consistency), got {dcfg.num_samples}.")
-    if dcfg.beams < 1:
-        raise UserError(f"decode.beams must be >= 1, got {dcfg.beams}.")
-    if dcfg.temperature < 0:
-        raise UserError(f"decode.temperature must be >= 0, got {dcfg.temperature}.")
-    if not 0.0 < dcfg.top_p <= 1.0:
-        raise UserError(f"decode.top_p must be in (0, 1], got {dcfg.top_p}.")
-    if dcfg.top_k < 0 or dcfg.max_length < 1:
-        raise UserError("decode.top_k must be >= 0 and decode.max_length >= 1.")
+    """Config errors with what to do about them (single fields: config.check_fields)."""
+    from t5lite import config as config_lib
+    config_lib.check_fields(dcfg, "decode")
     if model_cfg is None:
         return
     if model_cfg.architecture == "encoder_only":
