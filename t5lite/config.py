@@ -363,21 +363,21 @@ def set_by_path(cfg: Config, key: str, raw: Any) -> None:
             obj = obj[part] if is_dict_entry else getattr(obj, part)
             continue
         if is_dict_entry:
-            obj[part] = _parse(raw, type(obj.get(part, 0)), key)
+            obj[part] = _parse(raw)
         else:
             hints = typing.get_type_hints(type(obj))
             setattr(obj, part, _coerce(raw, hints[part], key))
 
 
-def _parse(raw, want, key):
+def _parse(raw):
+    """A --set value as a Python literal when it is one, else the string itself (the caller's
+    type check, _coerce, says what is wrong)."""
     if not isinstance(raw, str):
         return raw
     try:
         return ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        if want in (str, typing.Any):
-            return raw
-        return raw  # checked by _coerce
+        return raw
 
 
 def _coerce(raw, hint, key):
@@ -389,7 +389,7 @@ def _coerce(raw, hint, key):
         hint = next(a for a in args if a is not type(None))
     if hint is str:
         return raw if isinstance(raw, str) else str(raw)
-    value = _parse(raw, hint, key)
+    value = _parse(raw)
     if hint is bool:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             value = value.lower() == "true"
