@@ -565,6 +565,6 @@ def from_dict(d: dict) -> Config:
 
 def flatten(d: dict) -> dict:
     """A config dict (to_dict's) -> {"section.key": value}; feature_lengths stays one value."""
-    from flax import traverse_util  # here, not at the top: importing flax costs ~2 s
+    from flax import traverse_util  # here: importing flax (and jax) would slow `t5lite models`
     return traverse_util.flatten_dict(
         d, sep=".", is_leaf=lambda path, _: bool(path) and path[-1] == "feature_lengths")
