@@ -16,27 +16,18 @@ model.vocab_size=30592). Other PEFT options: model.peft.{adapter_dim, ia3, promp
 prefix_tokens, freeze, unfreeze_every}; see t5lite/models/peft.py.
 """
 
-from t5lite.config import load_config
+from t5lite.config import cpu_recipe
 
 
 def get_config():
-    cfg = load_config("bert_tiny")
-    cfg.name = "tiny_bert_sentiment"
+    cfg = cpu_recipe("bert_tiny", "tiny_bert_sentiment", steps=600, every=200, log_every=20)
     cfg.model.vocab_size = 30592  # BERT uncased WordPiece (30,522) padded to a multiple of 128
     cfg.model.num_classes = 2
     cfg.data.mixture_or_task = "sentiment_cls_bert"
     cfg.data.feature_lengths = {"inputs": 64}
-    cfg.data.batch_size = 32
     cfg.data.pack = False  # one example (and one class label) per row
-    cfg.optim.name, cfg.optim.schedule = "adamw", "linear"
-    cfg.optim.learning_rate, cfg.optim.warmup_steps = 5e-4, 50
-    cfg.optim.weight_decay = 0.01
-    cfg.train.steps = 600
-    cfg.train.z_loss = 0.0
-    cfg.train.log_every = 20
-    cfg.train.eval_every = 200
+    cfg.optim.schedule, cfg.optim.learning_rate = "linear", 5e-4
     cfg.train.eval_steps = 12  # ~ the whole validation split (415 sentences)
     cfg.train.prepare_data = ("sentiment", "vocab_bert")
-    cfg.checkpoint.every_steps = 200
     cfg.checkpoint.keep = 1
     return cfg

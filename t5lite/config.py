@@ -298,6 +298,20 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     return cfg
 
 
+def cpu_recipe(base: str, name: str, steps: int, every: int, log_every: int = 10) -> Config:
+    """What the configs/tiny_*.py runs share (a few minutes on a laptop CPU): config `base`
+    (a model config), AdamW (50 warmup steps, weight decay 0.01), batch 32, no z-loss,
+    `steps` steps, an eval and a checkpoint every `every` steps. The caller sets the task,
+    lengths, learning rate and schedule."""
+    cfg = load_config(base)
+    cfg.name = name
+    cfg.data.batch_size = 32
+    cfg.optim.name, cfg.optim.warmup_steps, cfg.optim.weight_decay = "adamw", 50, 0.01
+    cfg.train.steps, cfg.train.z_loss, cfg.train.log_every = steps, 0.0, log_every
+    cfg.train.eval_every = cfg.checkpoint.every_steps = every
+    return cfg
+
+
 def _error_location(err: BaseException, file: str) -> str:
     """'path:line' of the innermost traceback frame inside a config file (the one named, or a
     config file it imports), else the file."""
