@@ -626,8 +626,8 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     table = table if isinstance(table, Table) else load_table(table)
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}.")
-    if "://" not in workdir:
-        workdir = os.path.abspath(workdir)
+    from t5lite import checkpointing
+    workdir = checkpointing.abspath(workdir)
     selected = [table.row(r) for r in rows] if rows else list(table.rows)
     tasks = tuple(tasks) or _scale(scale).tasks or table.tasks
     _check_tasks(tasks)
