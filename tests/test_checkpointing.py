@@ -247,3 +247,29 @@ def test_params_only_dir_one_writer_reads_old_dirs(tmp_path):
     checkpointing.save_params_dir(new, cfg, twice, {"metrics.json": {"step": 4}}, overwrite=True)
     jax.tree.map(np.testing.assert_array_equal, checkpointing.load_params(new)[1], twice)
     assert checkpointing.read_metadata(new, "metrics.json") == {"step": 4}
+
+
+def test_peft_dirs_through_the_one_writer_and_reader(tmp_path):
+    """peft.save_peft's dirs (config.json + peft_only.json + params/ of the trained subset)
+    read through checkpointing, and the same dir written by save_params_dir loads in
+    peft.load_peft: the interface models/peft.py can write and read its files through."""
+    import flax.linen as nn
+    from t5lite.models import dummy_batch, peft
+    cfg = config_lib.load_config("bert_tiny", ["model.peft.lora_rank=2"])
+    batch = dummy_batch(cfg.model, 1, {"inputs": 8})
+    base = nn.meta.unbox(build_model(cfg.model).init(jax.random.key(0), batch,
+                                                     deterministic=True)["params"])
+    trained = jax.tree_util.tree_map_with_path(
+        lambda p, v: v + 0.5 if "lora" in jax.tree_util.keystr(p) else v, base)
+    old = str(tmp_path / "old")
+    peft.save_peft(old, cfg, trained)  # today's writer
+    got_cfg, subset = checkpointing.load_params(old)
+    meta = checkpointing.read_metadata(old, peft.PEFT_MARKER)
+    assert got_cfg == cfg and any("lora_b" in p for p in meta["paths"])
+    new = checkpointing.save_params_dir(str(tmp_path / "new"), cfg, subset,
+                                        {peft.PEFT_MARKER: meta}, overwrite=True)
+    assert sorted(os.listdir(new)) == sorted(os.listdir(old))
+    for path in (old, new):
+        loaded_cfg, params = peft.load_peft(path, base)
+        assert loaded_cfg == cfg
+        jax.tree.map(np.testing.assert_array_equal, params, trained)
