@@ -61,9 +61,9 @@ def cmd_train(args):
 
 
 def cmd_compile(args):
-    from t5lite import aot
-    aot.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
-                        do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode)
+    from t5lite import commands
+    commands.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
+                             do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode)
 
 
 def cmd_quickstart(args):
