@@ -1,8 +1,9 @@
 """The `t5lite` command: train, compile, eval, infer, quickstart, plot, models, tasks, data,
 convert, ablate.
 
-Each subcommand parses its flags here and calls one function in the module that owns the work,
-so this file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
+Each subcommand parses its flags here and calls one function: in commands.py (what the verbs
+do: printing, stdin, output files), or in the module that owns the work where that function
+is already the whole command (quickstart, listings, data). This file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
 handlers, so `t5lite --help` is instant.
 """
 
