@@ -183,3 +183,15 @@ def test_self_consistency_eval_through_overrides(workdir):
     assert 0.0 <= voted["sentiment/accuracy"] <= 100.0
     with pytest.raises(UserError, match="num_samples"):
         run("decode.method=self_consistency", "decode.num_samples=0")
+
+
+def test_a_resumed_run_keeps_the_best_so_far(tmp_path):
+    """best/metrics.json (written by an earlier run, here the old way with open()) is the
+    score a resumed run must beat; no best/ yet means any first evaluation wins."""
+    cfg = _tiny_cfg("encoder_decoder")
+    fresh = evaluation.TrainEvaluator(cfg, None, str(tmp_path), None)
+    assert fresh.best is None
+    os.makedirs(tmp_path / "best")
+    with open(tmp_path / "best" / "metrics.json", "w") as f:
+        json.dump({"step": 2, "sentiment/accuracy": 62.5}, f)
+    assert evaluation.TrainEvaluator(cfg, None, str(tmp_path), None).best == 62.5
