@@ -7,9 +7,9 @@ decoded label on validation, best params in WORKDIR/best. From a tiny_gpt_lm pre
         --set checkpoint.init_from=runs/gpt_lm
 For a classification head on the last token instead, see configs/tiny_gpt_classify.py.
 
-Measured (bench/finetune_e2e.sh, 2 busy CPU cores): from the 400-step tiny_gpt_lm run (LM loss
-5.8), best validation accuracy 61.0% at step 200; held-out test accuracy 60.7% (majority class
-50.7%), ~7 min. With the earlier 5e-4 linear-decay setting it stayed at the majority class.
+bench/finetune_e2e.sh runs it after tiny_gpt_lm (what it reaches: bench/RESULTS.md,
+"Finetuning the tiny configs"); the constant 2e-3 rate is there because a 5e-4 linear decay
+stayed at the majority class.
 """
 
 from t5lite.config import cpu_recipe
