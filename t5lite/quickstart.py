@@ -89,8 +89,7 @@ def check_workdir(workdir: str, root: str, fast: bool, prepared: bool = True) ->
 def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = True) -> dict:
     """Pretrain, finetune, evaluate; -> the summary numbers (also printed).
     prepare=False uses the data dir as it is (built elsewhere, or a test's small one)."""
-    from t5lite import evaluation, trainer
-    from t5lite import dataprep
+    from t5lite import commands, dataprep, evaluation, trainer
 
     t0 = time.time()
     workdir = os.path.abspath(workdir)
@@ -122,7 +121,7 @@ def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = Tr
                "finetune_seconds": t_ft, "total_seconds": time.time() - t0}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(evaluation.format_table([
+    print(commands.format_table([
         ("quickstart", "result"),
         ("pretrain loss (span corruption)", f"{first:.2f} -> {last:.2f}"),
         (f"sentiment {split} accuracy", f"{summary['finetune_accuracy']:.1f}%"),

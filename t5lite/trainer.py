@@ -277,7 +277,7 @@ def _lock_workdir(workdir: str, lease_seconds: float):
             lock = workdir_lib.WorkdirLock(workdir, lease_seconds).acquire()
         except UserError as e:
             error = e
-    if not checkpointing._all_hosts_ok(error is None):
+    if not checkpointing.all_hosts_ok(error is None):
         raise error or UserError(f"process 0 could not lock {workdir} (see its message)")
     if lock is not None and lock.took_over:
         print(f"t5lite: {lock.takeover_line()}", flush=True)

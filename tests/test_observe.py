@@ -257,7 +257,7 @@ def test_listings_say_which_task_data_is_prepared(tmp_path, monkeypatch):
 def test_convert_export_of_a_lora_run_names_merge_lora_which_works(tmp_path, capsys):
     import flax.linen as nn
     import jax
-    from t5lite import cli, convert
+    from t5lite import checkpointing, cli
     from t5lite.checkpointing import load_params
     from t5lite.models import build_model, dummy_batch
     cfg = config_lib.load_config("bert_tiny", ["model.peft.lora_rank=2"])
@@ -267,7 +267,7 @@ def test_convert_export_of_a_lora_run_names_merge_lora_which_works(tmp_path, cap
     params = jax.tree_util.tree_map_with_path(  # a trained (non-zero) LoRA B
         lambda p, v: v + 0.01 if "lora_b" in jax.tree_util.keystr(p) else v, params)
     src, merged = str(tmp_path / "lora"), str(tmp_path / "lora_merged")
-    convert.save_params_dir(cfg, jax.device_get(params), src)
+    checkpointing.save_params_dir(src, cfg, jax.device_get(params))
     assert cli.main(["convert", "export", src, str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert f"t5lite convert merge-lora {src} {merged}" in err

@@ -33,10 +33,10 @@ def _model_cfg(cfg):
 
 
 def check(cfg) -> None:
-    """Model-specific config errors, with what to do about them."""
-    if cfg.architecture not in ARCHITECTURES:
-        raise UserError(f"model.architecture={cfg.architecture!r}; use one of "
-                        f"{', '.join(ARCHITECTURES)}.")
+    """Model-specific config errors, with what to do about them (single fields:
+    config.check_fields)."""
+    from t5lite import config as config_lib
+    config_lib.check_fields(cfg, "model")
     if cfg.shared_encoder_decoder and cfg.architecture != "encoder_decoder":
         raise UserError("model.shared_encoder_decoder=True needs architecture=encoder_decoder.")
     if cfg.shared_encoder_decoder and cfg.num_encoder_layers != cfg.num_decoder_layers:
