@@ -37,6 +37,10 @@ OBJECTIVE_LAYOUTS = {
     "prefix_lm": "prefix", "lm": "lm", "iid_denoising_lm": "lm", "mlm": "bert_nsp",
     "mlm_only": "bert",
 }
+# BART's noising (objectives.bart_denoising): corpus_<name> and, for --scale paper, c4_<name>
+BART_OBJECTIVES = ("bart_infilling", "bart_permutation", "bart_deletion", "bart_rotation",
+                   "bart_masking", "bart_infilling_permutation")
+OBJECTIVE_LAYOUTS.update({name: "encdec" for name in BART_OBJECTIVES})
 # corpus_<objective>_<vocab> registered besides corpus_<objective> (the default vocabulary)
 OTHER_VOCAB_OBJECTIVES = {"t5": ("span_corruption", "iid_denoising", "prefix_lm"),
                           "gpt2": ("lm", "prefix_lm"), "bert": ("mlm", "mlm_only")}
@@ -63,7 +67,8 @@ MULTITASK_BASE = "corpus_iid_denoising"
 PAPER_MULTITASK_BASE = "c4_iid_denoising"
 # objective variants registered on C4 for --scale paper (c4_<name>)
 C4_OBJECTIVES = ("span_corruption", "iid_denoising", "bert_denoising", "mass_denoising",
-                 "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm")
+                 "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm"
+                 ) + BART_OBJECTIVES
 # the paper's benchmarks (formats.register_paper_tasks, TFDS): task -> metric names
 PAPER_GLUE_METRICS = {
     "cola": ("matthews_corrcoef",), "sst2": ("accuracy",), "mrpc": ("f1_binary", "accuracy"),

@@ -16,7 +16,8 @@ from t5lite import ablations, cli
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 
-TABLES = ("table2", "table4", "table5", "table6", "table7", "table10", "table11")
+TABLES = ("table2", "table4", "table5", "table6", "table7", "table10", "table11",
+          "table4_bart")
 
 
 def _plans(name, scale="tiny", tasks=("sentiment",)):

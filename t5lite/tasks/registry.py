@@ -179,6 +179,18 @@ OBJECTIVES = {
             "bert_nsp", "BERT: MLM (15%, 80/10/10) + next sentence prediction"),
     "mlm_only": ([objectives.bert_single, objectives.bert_mlm], "bert",
                  "BERT MLM (15%, 80/10/10) without NSP, packable"),
+    # BART's noising (Lewis et al. 2019, Section 2.2); target = the original chunk
+    **{f"bart_{name}": ([functools.partial(objectives.bart_denoising, noises=noises)],
+                        "encdec", f"BART {text}; target = original text")
+       for name, noises, text in (
+           ("infilling", ("infilling",), "text infilling: 30% of tokens in Poisson(3) spans, "
+                                         "each span -> one mask"),
+           ("permutation", ("permutation",), "sentence permutation (split on full stops)"),
+           ("deletion", ("deletion",), "token deletion: 30% of tokens deleted"),
+           ("rotation", ("rotation",), "document rotation: starts at a random token"),
+           ("masking", ("masking",), "token masking: 30% of tokens -> mask"),
+           ("infilling_permutation", ("permutation", "infilling"),
+            "text infilling + sentence permutation (the paper's final model)"))},
 }
 
 
