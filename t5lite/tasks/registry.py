@@ -141,10 +141,13 @@ def text_features(vocab, inputs=True, inputs_eos=True) -> dict:
     return feats
 
 
-def bert_features(vocab, nsp: bool = False, mlm: bool = True, classes: bool = False) -> dict:
+def bert_features(vocab, nsp: bool = False, mlm: bool = True, classes: bool = False,
+                  spans: bool = False) -> dict:
     feats = {"inputs": seqio.Feature(vocab, add_eos=False)}
     if mlm:
         feats.update(targets=seqio.Feature(vocab, add_eos=False), loss_weights=_int_feature())
+    if spans:  # SpanBERT's span boundary features (objectives.span_mlm)
+        feats.update({k: _int_feature() for k in ("span_left", "span_right", "span_offset")})
     if nsp:
         feats.update(token_type_ids=_int_feature(), nsp_labels=_int_feature(rank=0))
     if classes:
@@ -178,6 +181,9 @@ OBJECTIVES = {
             "bert_nsp", "BERT: MLM (15%, 80/10/10) + next sentence prediction"),
     "mlm_only": ([objectives.bert_single, objectives.bert_mlm], "bert",
                  "BERT MLM (15%, 80/10/10) without NSP, packable"),
+    "spanbert": ([objectives.bert_single, objectives.span_mlm], "bert_span",
+                 "SpanBERT: whole-word spans (Geo(0.2) <= 10 words) to 15%, 80/10/10 per "
+                 "span, boundary features for SBO; no NSP, packable"),
 }
 
 
@@ -201,7 +207,8 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
                 "prefix": lambda: text_features(vocab, inputs_eos=False),
                 "lm": lambda: text_features(vocab, inputs=False),
                 "bert": lambda: bert_features(vocab),
-                "bert_nsp": lambda: bert_features(vocab, nsp=True)}[layout]()
+                "bert_nsp": lambda: bert_features(vocab, nsp=True),
+                "bert_span": lambda: bert_features(vocab, spans=True)}[layout]()
     # from_lines=False: the source already gives {"text": ...} (e.g. TFDS c4/en)
     pre = ([line_to_text] if from_lines else []) + [
         functools.partial(seqio.preprocessors.rekey, key_map={key: "text"}),
@@ -303,7 +310,7 @@ def register_builtin():
         register_pretraining_task(f"corpus_{objective}_t5", objective, vocabulary="t5")
     for objective in ("lm", "prefix_lm"):
         register_pretraining_task(f"corpus_{objective}_gpt2", objective, vocabulary="gpt2")
-    for objective in ("mlm", "mlm_only"):
+    for objective in ("mlm", "mlm_only", "spanbert"):
         register_pretraining_task(f"corpus_{objective}_bert", objective, vocabulary="bert")
     for dataset, (prefix, fns, _) in FINETUNE.items():
         for vocab in ("t5lite_sp8k", "t5", "gpt2"):
