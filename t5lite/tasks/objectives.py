@@ -554,7 +554,6 @@ def span_length_probs(geometric_p: float = 0.2, max_span_words: int = 10):
     return w / w.sum()
 
 
-@functools.lru_cache(maxsize=None)
 def word_starts(vocabulary):
     """Bool numpy [vocab_size]: True where an id begins a word. SentencePiece: pieces starting
     with "▁" (plus control / unknown ids and sentinels); BERT WordPiece: every entry not
@@ -653,7 +652,9 @@ def span_mlm(dataset, output_features, sequence_length=None, *, mask_rate=0.15,
     special = bert_special_ids(vocabulary)
     low, high = random_token_range(vocabulary)
     starts_V = tf.constant(word_starts(vocabulary))
-    log_probs = tf.constant(np.log(span_length_probs(geometric_p, max_span_words)), tf.float32)
+    with np.errstate(divide="ignore"):  # p = 1: one-word spans, log 0 = -inf is fine here
+        log_probs = tf.constant(np.log(span_length_probs(geometric_p, max_span_words)),
+                                tf.float32)
 
     @map_over_dataset(num_seeds=4)
     def mask(features, seeds):
