@@ -144,31 +144,48 @@ def test_word_starts_from_real_vocabularies(data_dir, tmp_path, monkeypatch):
                                                                      False, True]
 
 
-def test_corpus_spanbert_batches_packed_and_unpacked(data_dir):
-    """Through the registered task and the encoder converter: boundaries index the row
-    (packed rows shift each example's positions), lie in the same segment and are unmasked."""
+def _check_boundaries(b):
+    """Every masked token's boundaries index its row, lie in its segment and are unmasked."""
+    checked = 0
+    seg_BL = b.get("encoder_segment_ids", np.ones_like(b["encoder_input_tokens"]))
+    for i in range(len(seg_BL)):
+        w, seg = b["encoder_loss_weights"][i] > 0, seg_BL[i]
+        left, right = b["encoder_span_left"][i], b["encoder_span_right"][i]
+        offset = b["encoder_span_offset"][i]
+        for j in np.where(w)[0]:
+            assert left[j] < j < right[j] and j - offset[j] == left[j]
+            assert not w[left[j]] and not w[right[j]] and w[left[j] + 1:right[j]].all()
+            assert seg[left[j]] == seg[j] == seg[right[j]] > 0
+            checked += 1
+        assert (offset[~w] == 0).all() and (left[~w] == 0).all() and (right[~w] == 0).all()
+    return checked
+
+
+def test_converter_packs_span_features():
+    """Packed rows hold several examples: the converter moves each example's boundary
+    positions to the row's coordinates (example start = i - encoder_positions[i])."""
+    from t5lite.tasks import converters, registry
+    features = list(registry.bert_features(VOCAB, spans=True))
+    with seqio.map_seed_manager(0):
+        ds = objectives.span_mlm(registry.bert_wrap(_docs(60).map(
+            lambda x: {"inputs": x["inputs"][:50]}), FEATURES, {"inputs": 64}), FEATURES)
+        conv = converters.make_converter("encoder_only", features, pack=True)
+        rows = list(conv(ds, conv.task_lengths(64)).batch(8).as_numpy_iterator())
+    assert sum(_check_boundaries(b) for b in rows) > 300
+    assert max(b["encoder_segment_ids"].max() for b in rows) > 1
+
+
+def test_corpus_spanbert_task(data_dir):
+    """The registered task through the pipeline (unpacked rows): SBO features, no NSP."""
     from t5lite.tasks import pipeline
-    for pack in (False, True):
-        ds = pipeline.get_dataset("corpus_spanbert", {"inputs": 48}, "encoder_only", 8,
-                                  split="validation", shuffle=False, seed=0, pack=pack,
-                                  num_epochs=1, drop_remainder=False)
-        checked, segments = 0, 1
-        for b in ds.as_numpy_iterator():
-            assert "nsp_labels" not in b and "encoder_token_type_ids" not in b  # no NSP
-            seg_BL = b.get("encoder_segment_ids", np.ones_like(b["encoder_input_tokens"]))
-            segments = max(segments, seg_BL.max())
-            for i in range(len(seg_BL)):
-                w, seg = b["encoder_loss_weights"][i] > 0, seg_BL[i]
-                left, right = b["encoder_span_left"][i], b["encoder_span_right"][i]
-                offset = b["encoder_span_offset"][i]
-                for j in np.where(w)[0]:
-                    assert left[j] < j < right[j] and j - offset[j] == left[j]
-                    assert not w[left[j]] and not w[right[j]] and w[left[j] + 1:right[j]].all()
-                    assert seg[left[j]] == seg[j] == seg[right[j]]
-                    checked += 1
-                assert (offset[~w] == 0).all()
-        assert checked > 500
-        assert (segments > 1) == pack  # packing really put several examples in a row
+    ds = pipeline.get_dataset("corpus_spanbert", {"inputs": 48}, "encoder_only", 8,
+                              split="validation", shuffle=False, seed=0, pack=False,
+                              num_epochs=1, drop_remainder=False)
+    checked = 0
+    for b in ds.as_numpy_iterator():
+        assert "nsp_labels" not in b and "encoder_token_type_ids" not in b  # no NSP
+        checked += _check_boundaries(b)
+    assert checked > 500
 
 
 def _tiny_spanbert_cfg():
