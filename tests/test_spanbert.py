@@ -2,6 +2,8 @@
 no NSP, full-sentence packing): statistics as for BERT's MLM, the converter's boundary
 features, the SBO head and its loss, and real-pipeline checks on the test data dir."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import seqio
@@ -335,3 +337,16 @@ def test_roberta_recipe_no_nsp_full_rows_of_contiguous_text(data_dir):
     with open(f"{data_dir}/corpus/validation.txt", encoding="utf-8") as f:
         tokens = np.concatenate([vocab.encode(line.rstrip("\n")) for line in f])
     np.testing.assert_array_equal(stream, tokens)
+
+
+def test_tiny_spanbert_config_and_sbo_head_checks():
+    from t5lite.config import load_config
+    from t5lite.errors import UserError
+    from t5lite.models import build_model
+    cfg = load_config("configs/tiny_spanbert.py")
+    m = cfg.model
+    assert m.sbo_head and not m.nsp_head and m.architecture == "encoder_only"
+    assert (cfg.data.mixture_or_task, cfg.data.pack) == ("corpus_spanbert", True)
+    for bad in (dict(architecture="decoder_only"), dict(sbo_max_span_length=0)):
+        with pytest.raises(UserError, match="sbo_head"):
+            build_model(dataclasses.replace(m, **bad))
