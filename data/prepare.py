@@ -20,8 +20,8 @@ if __name__ == "__main__":
     if "--list" in args:
         args.remove("--list")
         data_dir = args[args.index("--data-dir") + 1] if "--data-dir" in args else ""
-        from t5lite.tasks import local_data
-        print(local_data.summary(data_dir))
+        from t5lite import dataprep
+        print(dataprep.summary(data_dir))
         sys.exit(0)
     from t5lite.cli import main
     sys.exit(main(["data", "prepare", *args]))

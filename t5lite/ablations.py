@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 import json
 import math
 import os
@@ -38,7 +37,7 @@ import shlex
 import time
 from typing import Optional, Sequence
 
-from t5lite import config as config_lib
+from t5lite import config as config_lib, pyfiles
 from t5lite.errors import UserError
 
 # ----------------------------------------------------------------------------- data
@@ -192,8 +191,8 @@ PAPER_PRETRAIN_STEPS = 2 ** 19  # 2^35 tokens: 524,288 steps x 128 x 512
 PAPER_FINETUNE_STEPS = 2 ** 18
 SCALES = {
     # CPU: tiny T5 v1.1 (2+2 layers, d_model 128, 8k vocabulary), 128-token inputs. Sized
-    # for ~3-6 minutes per row (sentiment only) on 2 idle cores: configs/quickstart.py measured
-    # ~1 s per pretraining step there; the finetuning steps are cheaper (64 + 4 tokens).
+    # for minutes per row (sentiment only) on 2 idle cores, from the quickstart's measured step
+    # time (bench/RESULTS.md); the finetuning steps are cheaper (64 + 4 tokens).
     # Too few steps to separate the rows (most land near the majority class): a smoke test.
     "tiny": Scale(
         pretrain=("train.steps=150", "checkpoint.every_steps=50", "train.eval_every=0"),
@@ -330,10 +329,7 @@ def load_table(name: str) -> Table:
     if not os.path.isfile(path):
         raise UserError(f"no ablation table {name!r}." + _did_you_mean(name, table_names())
                         + f" Tables: {', '.join(table_names())} (`t5lite ablate --list`).")
-    spec = importlib.util.spec_from_file_location("t5lite_ablation_" + os.path.basename(
-        path)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = pyfiles.load(path, "t5lite_ablation_" + os.path.basename(path)[:-3])
     if not isinstance(getattr(module, "TABLE", None), Table):
         raise UserError(f"{path} must define TABLE = t5lite.ablations.Table(...)")
     return module.TABLE
@@ -453,8 +449,9 @@ def _eval_tasks(task: str) -> tuple:
     return d.members or (d.eval_task or task,)
 
 
-def eval_command(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
-                 per_checkpoint: bool = False) -> str:
+def eval_command_line(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
+                      per_checkpoint: bool = False) -> str:
+    """The `t5lite eval` line(s) (text, for --dry-run) that report a finetuning stage."""
     split = _scale(scale).report_split
     n = DOWNSTREAM[ft.task].test_examples if split == "test" else 0
     sets = _eval_overrides(ft) if multitask else []
@@ -625,8 +622,8 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     table = table if isinstance(table, Table) else load_table(table)
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}.")
-    if "://" not in workdir:
-        workdir = os.path.abspath(workdir)
+    from t5lite import checkpointing
+    workdir = checkpointing.abspath(workdir)
     selected = [table.row(r) for r in rows] if rows else list(table.rows)
     tasks = tuple(tasks) or _scale(scale).tasks or table.tasks
     _check_tasks(tasks)
@@ -643,7 +640,7 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
             commands += [st.command() for st in stages]
             if dry_run:
                 print("\n".join([st.command() for st in stages]
-                                + [eval_command(pre, ft, row.multitask, scale, per_ckpt)
+                                + [eval_command_line(pre, ft, row.multitask, scale, per_ckpt)
                                    for ft in fts]), flush=True)
                 continue
             for st in stages:

@@ -117,7 +117,8 @@ def parse_topology(name: str) -> Topology:
     raise UserError(f"unknown TPU topology {name!r}: use {TOPOLOGY_HELP}")
 
 
-def _require_libtpu() -> None:
+def require_libtpu() -> None:
+    """UserError (saying what to install) when libtpu is missing."""
     if importlib.util.find_spec("libtpu") is None:
         import jax
         raise UserError("compiling for a TPU needs libtpu: pip install "
@@ -126,7 +127,7 @@ def _require_libtpu() -> None:
 
 def abstract_devices(topo: Topology):
     """Abstract TPU devices of the slice (compile-only: nothing runs on them)."""
-    _require_libtpu()
+    require_libtpu()
     import glob
     if not glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*"):
         # no TPU chips here: libtpu's probes for them would only log noise (on a TPU VM they
@@ -250,7 +251,7 @@ def _matmul_flops(jaxpr, scale_loops: bool) -> int:
     total = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            total += metrics_log._dot_flops(eqn)
+            total += metrics_log.dot_flops(eqn)
         n = 1
         if eqn.primitive.name == "scan":  # XLA's loop body holds `unroll` iterations
             length, unroll = eqn.params["length"], eqn.params.get("unroll", 1)
@@ -438,11 +439,11 @@ def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict
 
 
 def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
-    """Compile cfg's decoding program (decoding._generate: prefill + the token loop with its
-    KV cache; cfg.decode sets method, beams and max_length) for `topo`; batch = data.batch_size
-    rows of the inputs length (enc-dec, BERT) or targets length (decoder prompts). Per chip:
-    params, temporaries (the cache), total vs HBM; FLOPs as XLA counts them (the token loop's
-    body once: about prefill + one decoding step)."""
+    """Compile cfg's decoding program (decoding.generate_program: prefill + the token loop
+    with its KV cache; cfg.decode sets method, beams and max_length) for `topo`; batch =
+    data.batch_size rows of the inputs length (enc-dec, BERT) or targets length (decoder
+    prompts). Per chip: params, temporaries (the cache), total vs HBM; FLOPs as XLA counts
+    them (the token loop's body once: about prefill + one decoding step)."""
     import time
 
     import jax
@@ -462,13 +463,13 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     beams = cfg.decode.beams if cfg.decode.method == "beam" else 0
     samples = cfg.decode.num_samples if cfg.decode.method == "self_consistency" else 0
     key = jax.eval_shape(lambda: jax.random.key(0))  # outside the abstract mesh
-    knobs = dict(decoding._knobs(cfg.decode), eos_id=jnp.int32(1))
+    knobs = dict(decoding.runtime_knobs(cfg.decode), eos_id=jnp.int32(1))
     t0 = time.time()
     with layers.target_platform("tpu"):
         abstract, shardings, _ = trainer.abstract_train_state(
             cfg, model, mesh, peft.make_optimizer(cfg, cfg.train.steps))
         bsh, rep = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
-        fn = jax.jit(functools.partial(decoding._generate, model, beams, samples,
+        fn = jax.jit(functools.partial(decoding.generate_program, model, beams, samples,
                                        cfg.decode.max_length),
                      in_shardings=(shardings.params, bsh, bsh, rep, rep))
         b = cfg.data.batch_size
@@ -620,38 +621,3 @@ def format_report(r: dict) -> str:
         f"compiled in {r['compile_seconds']:.0f} s",
     ]
     return "\n".join(lines)
-
-
-def compile_command(config_name: str, topology: str, overrides=(), as_json=False,
-                    do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
-    """`t5lite compile`: one report (or a search) for a config on a TPU topology."""
-    from t5lite import config as config_lib
-    topo = parse_topology(topology)
-    _require_libtpu()
-    cfg = config_lib.load_config(config_name, list(overrides))
-    hbm = int(hbm_gib * GiB) if hbm_gib > 0 else 0
-    if decode:
-        if do_search:
-            raise UserError("--search explores training settings; drop it with --decode")
-        r = compile_decode(cfg, topo, hbm_bytes=hbm)
-        out(json.dumps(r) if as_json else format_decode_report(r))
-        return r
-    if do_search:
-        import sys
-        res = search(cfg, topo, hbm, log=(lambda s: print(s, file=sys.stderr)) if as_json
-                     else out)
-        if as_json:
-            out(json.dumps({k: v for k, v in res.items() if k != "tried"}, default=str))
-        elif res["best"]:
-            out("fitting, fastest first:")
-            for r in res["candidates"]:
-                out(f"  {r['est_step_seconds'] * 1e3:8.2f} ms  est MFU {r['est_mfu']:.1%}  "
-                    f"{r['bytes_per_chip']['total'] / GiB:6.2f} GiB  --set "
-                    + " --set ".join(r["set"]))
-            out(format_report(res["best"]))
-        else:
-            out(res["why_none"])
-        return res
-    r = compile_step(cfg, topo, hbm_bytes=hbm)
-    out(json.dumps(r) if as_json else format_report(r))
-    return r

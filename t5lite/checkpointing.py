@@ -90,7 +90,7 @@ def _configure_orbax() -> None:
             absl_log.setLevel(level)
 
 
-def _all_hosts_ok(ok: bool) -> bool:
+def all_hosts_ok(ok: bool) -> bool:
     """True when ``ok`` holds on every process (a collective: all processes must call it)."""
     if jax.process_count() == 1:
         return ok
@@ -177,7 +177,7 @@ class Checkpointer:
                 error = e
             # Every host must restore the same step: one host's read error (its shard, its
             # disk) makes the step unusable for all, or they would train from different states.
-            if not _all_hosts_ok(error is None):
+            if not all_hosts_ok(error is None):
                 self._quarantine(step, error or RuntimeError(
                     "another host could not read its part of this checkpoint"))
                 continue
@@ -187,7 +187,7 @@ class Checkpointer:
                 except Exception as e:  # noqa: BLE001 - deleted, truncated, garbage ...
                     error = e
                     self.data_iter_dirty = True
-                if not _all_hosts_ok(error is None):
+                if not all_hosts_ok(error is None):
                     self._quarantine(step, error or RuntimeError(
                         "another host could not read its data iterator state"),
                         what="data iterator state")
@@ -240,7 +240,7 @@ class Checkpointer:
         if jax.process_count() > 1:  # the others list the steps only after the move
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices(f"t5lite_quarantine_{step}")
-        if not _all_hosts_ok(failure is None):
+        if not all_hosts_ok(failure is None):
             raise UserError(
                 f"checkpoint step {step} in {self.dir} is unreadable and could not be moved "
                 f"aside ({failure or 'on process 0'}); move it out of {self.dir} or fix its "
@@ -288,7 +288,41 @@ class Checkpointer:
         tf.train.Checkpoint(iterator=data_iter).read(prefix).assert_consumed()
 
 
-# ---------------------------------------------------------------------- params-only loading
+# ---------------------------------------------------------------------- params-only dirs
+# A params-only dir (best/, peft/<step>/, convert import / merge-lora output) is
+#     config.json    the Config the params belong to
+#     params/        orbax StandardSave of the (unboxed) param tree, as checkpoints/<step>/params
+#     <name>.json    optional metadata (best/metrics.json, peft/<step>/peft_only.json)
+# save_params_dir is its only writer and load_params / read_metadata its only readers, so the
+# layout lives here once and every path may be local or gs:// (epath, orbax; never open()).
+
+
+def save_params_dir(path: str, cfg, params, metadata=None, overwrite: bool = False) -> str:
+    """Write a params-only dir: path/params (all processes call this: orbax saves collectively),
+    then, on process 0, config.json and each `metadata` {"name.json": JSON-able} atomically.
+    An existing path/params is a UserError unless `overwrite` (best/ and peft/<step> replace
+    theirs). `params` may be any subset of a model's tree (PEFT saves only what it trains).
+    -> the absolute path."""
+    path = abspath(path)
+    root = epath.Path(path)
+    if not overwrite and (root / "params").exists():
+        raise UserError(f"{path}/params already exists; choose a new destination or delete it.")
+    root.mkdir(parents=True, exist_ok=True)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(root / "params", params, force=overwrite)
+        ckptr.wait_until_finished()
+    if jax.process_index() == 0:
+        write_atomic(root / "config.json", json.dumps(config_lib.to_dict(cfg), indent=2))
+        for name, value in (metadata or {}).items():
+            write_atomic(root / name, json.dumps(value, indent=2))
+    return path
+
+
+def read_metadata(path: str, name: str):
+    """path/name (a params-only dir's metadata JSON) as a value, or None when absent."""
+    f = epath.Path(abspath(path)) / name
+    return json.loads(f.read_text()) if f.exists() else None
+
 
 
 def _find_params_dir(path: str, step: int = -1):
@@ -330,22 +364,24 @@ def load_params(path: str, abstract_params=None, step: int = -1):
     arrays land sharded; otherwise on the first local device."""
     cands, cfg_path = _find_params_dir(path, step)
     cfg = load_config_json(cfg_path)
-    ckptr = ocp.StandardCheckpointer()
     last_err = None
-    for params_dir in cands:
-        try:
-            if abstract_params is None:
-                meta = ckptr.metadata(params_dir).item_metadata.tree
-                dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-                target = jax.tree.map(
-                    lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev), meta)
-            else:
-                target = abstract_params
-            return cfg, ckptr.restore(params_dir, target)
-        except Exception as e:  # noqa: BLE001
-            last_err = e
-            log.warning("params at %s unreadable (%s: %s); trying the previous step", params_dir,
-                        type(e).__name__, str(e).splitlines()[0][:200])  # not TensorStore's spec
+    with ocp.StandardCheckpointer() as ckptr:
+        for params_dir in cands:
+            try:
+                if abstract_params is None:
+                    meta = ckptr.metadata(params_dir).item_metadata.tree
+                    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+                    target = jax.tree.map(
+                        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev),
+                        meta)
+                else:
+                    target = abstract_params
+                return cfg, ckptr.restore(params_dir, target)
+            except Exception as e:  # noqa: BLE001
+                last_err = e
+                log.warning("params at %s unreadable (%s: %s); trying the previous step",
+                            params_dir, type(e).__name__,
+                            str(e).splitlines()[0][:200])  # not TensorStore's spec
     raise UserError(f"no readable params under {path}: {last_err}")
 
 

@@ -1,8 +1,9 @@
 """The `t5lite` command: train, compile, eval, infer, quickstart, plot, models, tasks, data,
 convert, ablate.
 
-Each subcommand parses its flags here and calls one function in the module that owns the work,
-so this file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
+Each subcommand parses its flags here and calls one function: in commands.py (what the verbs
+do: printing, stdin, output files), or in the module that owns the work where that function
+is already the whole command (quickstart, listings, data). This file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
 handlers, so `t5lite --help` is instant.
 """
 
@@ -53,29 +54,17 @@ def _import_tensorflow_quietly():
             os.close(saved)
 
 
-def _config(args):
-    from t5lite import config
-    return config.load_config(args.config, args.set or [])
-
-
 def cmd_train(args):
-    if args.print_config:  # the resolved config, checked, nothing trained
-        import json
-        from t5lite import config
-        print(json.dumps(config.to_dict(_config(args)), indent=2))
-        return
-    if not args.workdir:
-        raise UserError("`t5lite train` needs --workdir DIR (or --print-config to only show "
-                        "the resolved config).")
-    from t5lite import trainer
-    cfg = _config(args)
-    trainer.train(cfg, args.workdir, allow_config_change=args.allow_config_change)
+    from t5lite import commands
+    commands.train_command(args.config, args.set or [], args.workdir,
+                           print_config=args.print_config,
+                           allow_config_change=args.allow_config_change)
 
 
 def cmd_compile(args):
-    from t5lite import aot
-    aot.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
-                        do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode)
+    from t5lite import commands
+    commands.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
+                             do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode)
 
 
 def cmd_quickstart(args):
@@ -84,23 +73,22 @@ def cmd_quickstart(args):
 
 
 def cmd_eval(args):
-    from t5lite import evaluation
+    from t5lite import commands
     if args.shots is not None:  # in-context few-shot prompting (fewshot.py)
-        from t5lite import fewshot
-        fewshot.fewshot_command(args.checkpoint, args.task, args.shots, args.split,
-                                args.max_examples, args.template, args.label_words,
-                                args.scoring, args.context_length, args.set or [])
+        commands.fewshot_command(args.checkpoint, args.task, args.shots, args.split,
+                                 args.max_examples, args.template, args.label_words,
+                                 args.scoring, args.context_length, args.set or [])
         return
-    evaluation.eval_command(checkpoint=args.checkpoint, task=args.task, split=args.split,
-                            max_examples=args.max_examples, overrides=args.set or [])
+    commands.eval_command(checkpoint=args.checkpoint, task=args.task, split=args.split,
+                          max_examples=args.max_examples, overrides=args.set or [])
 
 
 def cmd_infer(args):
-    from t5lite import evaluation
-    evaluation.infer_command(checkpoint=args.checkpoint, input_path=args.input,
-                             output_path=args.output, mode=args.mode,
-                             options=args.options or [], overrides=args.set or [],
-                             prefix=args.prefix)
+    from t5lite import commands
+    commands.infer_command(checkpoint=args.checkpoint, input_path=args.input,
+                           output_path=args.output, mode=args.mode,
+                           options=args.options or [], overrides=args.set or [],
+                           prefix=args.prefix)
 
 
 def cmd_models(args):
@@ -121,8 +109,8 @@ def cmd_tasks(args):
 
 
 def cmd_data(args):
-    if args.data_dir:
-        os.environ["T5LITE_DATA_DIR"] = os.path.abspath(args.data_dir)
+    from t5lite import dataprep
+    dataprep.use_data_dir(args.data_dir)
     if args.action == "cache":
         if not args.names:
             raise UserError("`t5lite data cache` needs a task or mixture name, e.g. "
@@ -132,47 +120,31 @@ def cmd_data(args):
             cache.cache_task(name, splits=args.splits or (), cache_dir=args.cache_dir,
                              num_shards=args.shards, force=args.force)
         return
-    from t5lite.tasks import local_data
-    local_data.prepare(args.names or None, data_dir=args.data_dir or "", force=args.force)
+    dataprep.prepare(args.names or None, data_dir=args.data_dir or "", force=args.force)
 
 
 def cmd_convert(args):
-    from t5lite import convert
-    if args.direction == "import":
-        convert.import_hf_command(args.src, args.dst)
-    elif args.direction == "merge-lora":
-        convert.merge_lora_command(args.src, args.dst)
-    else:
-        convert.export_hf_command(args.src, args.dst)
+    from t5lite import commands
+    {"import": commands.import_hf_command, "merge-lora": commands.merge_lora_command,
+     "export": commands.export_hf_command}[args.direction](args.src, args.dst)
 
 
 def cmd_plot(args):
-    from t5lite import plot
-    out = args.output or (os.path.join(args.workdirs[0], "metrics.png")
-                          if len(args.workdirs) == 1 else "metrics.png")
-    plot.plot_runs(args.workdirs, out, size=args.size, labels=args.labels or ())
-    print(f"wrote {out}")
+    from t5lite import commands
+    commands.plot_command(args.workdirs, args.output, size=args.size, labels=args.labels or ())
+
+
+def _names(values):  # "--rows a b" and "--rows a,b" both work
+    return [n for v in values or () for n in v.split(",") if n]
 
 
 def cmd_ablate(args):
-    from t5lite import ablations
-    if args.list:
-        print(ablations.list_tables())
-        return
-    if not args.table or not (args.workdir or args.estimate or args.topology):
-        raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list, or "
-                        "--estimate).")
-    def names(values):  # "--rows a b" and "--rows a,b" both work
-        return [n for v in values or () for n in v.split(",") if n]
-
-    if args.estimate or args.topology:
-        ablations.estimate(args.table, rows=names(args.rows), tasks=names(args.tasks),
-                           scale=args.scale or "paper", overrides=args.set or [],
-                           seeds=args.seeds, topology=args.topology or "")
-        return
-    ablations.run(args.table, args.workdir, rows=names(args.rows), tasks=names(args.tasks),
-                  scale=args.scale or "tiny", overrides=args.set or [], dry_run=args.dry_run,
-                  seeds=args.seeds)
+    from t5lite import commands
+    commands.ablate_command(args.table, args.workdir, rows=_names(args.rows),
+                            tasks=_names(args.tasks), scale=args.scale,
+                            overrides=args.set or [], seeds=args.seeds, dry_run=args.dry_run,
+                            list_tables=args.list, estimate=args.estimate,
+                            topology=args.topology or "")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -389,7 +361,7 @@ def main(argv=None) -> int:
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else 2
     light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile)
-             or (args.fn is cmd_tasks and args.action == "list")  # cached (listings.py)
+             or (args.fn is cmd_tasks and args.action == "list")  # task_catalog: no seqio
              or (args.fn is cmd_train and args.print_config))
     if not light:  # the others read data through seqio / TF
         _import_tensorflow_quietly()

@@ -10,12 +10,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import importlib.util
 import json
 import os
 import typing
 from typing import Any, Optional
 
+from t5lite import pyfiles
 from t5lite.errors import UserError
 
 
@@ -166,7 +166,7 @@ class TrainConfig:
     eval_steps: int = 10
     stop_on_nan: bool = True
     peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = look up the device (none on CPU)
-    # local datasets built before training if missing (local_data.ensure_prepared), e.g.
+    # local datasets built before training if missing (dataprep.ensure_prepared), e.g.
     # ("corpus", "vocab_sp8k"); () = expect them prepared (`t5lite data prepare`)
     prepare_data: tuple = ()
     # "A:B": jax.profiler trace of the steps after A up to B into WORKDIR/profile/ (process 0)
@@ -279,11 +279,8 @@ def available_configs() -> list[str]:
 def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     """Load ``get_config()`` from a config file and apply ``key=value`` overrides."""
     file = resolve_config_path(path)
-    spec = importlib.util.spec_from_file_location(
-        "t5lite_config_" + os.path.basename(file)[:-3], file)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        module = pyfiles.load(file, "t5lite_config_" + os.path.basename(file)[:-3])
         if not hasattr(module, "get_config"):
             raise UserError(f"{file} must define get_config() returning t5lite.config.Config.")
         cfg = module.get_config()
@@ -299,6 +296,20 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
         raise UserError(f"get_config() in {file} returned {type(cfg).__name__}, not Config.")
     cfg = apply_overrides(cfg, overrides)
     validate(cfg)
+    return cfg
+
+
+def cpu_recipe(base: str, name: str, steps: int, every: int, log_every: int = 10) -> Config:
+    """What the configs/tiny_*.py runs share (a few minutes on a laptop CPU): config `base`
+    (a model config), AdamW (50 warmup steps, weight decay 0.01), batch 32, no z-loss,
+    `steps` steps, an eval and a checkpoint every `every` steps. The caller sets the task,
+    lengths, learning rate and schedule."""
+    cfg = load_config(base)
+    cfg.name = name
+    cfg.data.batch_size = 32
+    cfg.optim.name, cfg.optim.warmup_steps, cfg.optim.weight_decay = "adamw", 50, 0.01
+    cfg.train.steps, cfg.train.z_loss, cfg.train.log_every = steps, 0.0, log_every
+    cfg.train.eval_every = cfg.checkpoint.every_steps = every
     return cfg
 
 
@@ -367,21 +378,21 @@ def set_by_path(cfg: Config, key: str, raw: Any) -> None:
             obj = obj[part] if is_dict_entry else getattr(obj, part)
             continue
         if is_dict_entry:
-            obj[part] = _parse(raw, type(obj.get(part, 0)), key)
+            obj[part] = _parse(raw)
         else:
             hints = typing.get_type_hints(type(obj))
             setattr(obj, part, _coerce(raw, hints[part], key))
 
 
-def _parse(raw, want, key):
+def _parse(raw):
+    """A --set value as a Python literal when it is one, else the string itself (the caller's
+    type check, _coerce, says what is wrong)."""
     if not isinstance(raw, str):
         return raw
     try:
         return ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        if want in (str, typing.Any):
-            return raw
-        return raw  # checked by _coerce
+        return raw
 
 
 def _coerce(raw, hint, key):
@@ -393,7 +404,7 @@ def _coerce(raw, hint, key):
         hint = next(a for a in args if a is not type(None))
     if hint is str:
         return raw if isinstance(raw, str) else str(raw)
-    value = _parse(raw, hint, key)
+    value = _parse(raw)
     if hint is bool:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             value = value.lower() == "true"
@@ -487,21 +498,37 @@ MEANING = {  # what 0 / -1 mean, for the error message
 }
 
 
-def _check_ranges(cfg: Config) -> None:
+def check_fields(obj, prefix: str = "") -> None:
+    """The one home of single-field rules: every field of ``obj`` (a Config, or one section
+    such as a DecodeConfig with prefix "decode") against CHOICES, RANGES and finiteness.
+    decoding.check / models.check call it for the section they get, so a config built in
+    Python (not loaded from a file) meets the same rules."""
     import math
-    for key in _all_keys(cfg):
-        value = get_by_path(cfg, key)
+    pre = prefix + "." if prefix else ""
+    for key in _all_keys(obj):
+        value, full = get_by_path(obj, key), pre + key
+        if full in CHOICES:
+            choices = CHOICES[full]
+            if value not in choices:
+                hint = difflib.get_close_matches(str(value), choices, n=1)
+                raise UserError(f"{full}={value!r} is not one of {', '.join(choices)}."
+                                + (f" Did you mean {hint[0]!r}?" if hint else ""))
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{key}={value} is not a finite number; give a finite value "
-                            f"(the default is {get_by_path(_DEFAULT, key)})")
-        lo, hi = RANGES.get(key, (None, None))
+            raise UserError(f"{full}={value} is not a finite number; give a finite value "
+                            f"(the default is {get_by_path(_DEFAULT, full)})")
+        lo, hi = RANGES.get(full, (None, None))
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             want = (f"between {lo} and {hi}" if lo is not None and hi is not None else
                     f">= {lo}" if lo is not None else f"<= {hi}")
-            raise UserError(f"{key}={value} is out of range: it must be {want}"
-                            f"{MEANING.get(key, '')}. Fix the config or its --set override.")
+            raise UserError(f"{full}={value} is out of range: it must be {want}"
+                            f"{MEANING.get(full, '')}. Fix the config or its --set override.")
+
+
+def _check_ranges(cfg: Config) -> None:
+    check_fields(cfg)
     for name, n in cfg.data.feature_lengths.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise UserError(f"data.feature_lengths[{name!r}]={n!r} must be a positive integer")
@@ -514,25 +541,11 @@ def _check_ranges(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Checks that need only the config (mesh/device checks live in partitioning.py)."""
-    _check_ranges(cfg)
-    for key, choices in CHOICES.items():
-        value = get_by_path(cfg, key)
-        if value not in choices:
-            hint = difflib.get_close_matches(str(value), choices, n=1)
-            raise UserError(f"{key}={value!r} is not one of {', '.join(choices)}."
-                            + (f" Did you mean {hint[0]!r}?" if hint else ""))
+    _check_ranges(cfg)  # every single field (CHOICES, RANGES); cross-field rules below
     m = cfg.model
-    for name in ("d_model", "num_heads", "head_dim", "d_ff", "vocab_size"):
-        if getattr(m, name) <= 0:
-            raise UserError(f"model.{name} must be positive, got {getattr(m, name)}")
-    if cfg.data.batch_size <= 0:
-        raise UserError("data.batch_size must be positive")
-    if cfg.train.grad_accum_steps < 1 or cfg.data.batch_size % cfg.train.grad_accum_steps:
+    if cfg.data.batch_size % cfg.train.grad_accum_steps:
         raise UserError(f"data.batch_size={cfg.data.batch_size} must be divisible by "
                         f"train.grad_accum_steps={cfg.train.grad_accum_steps}")
-    if m.scan_unroll < 0:
-        raise UserError(f"model.scan_unroll must be >= 0 (0 = unroll the whole stack), "
-                        f"got {m.scan_unroll}")
     if not 0.0 <= m.dropout_rate < 1.0:
         raise UserError(f"model.dropout_rate must be in [0, 1), got {m.dropout_rate}")
     if not 0.0 <= m.mlm_predict_fraction <= 1.0 or (m.mlm_predict_fraction
@@ -560,16 +573,13 @@ def from_dict(d: dict) -> Config:
         if section == "name":
             cfg.name = values
             continue
-        for k, v in _flatten(values).items():
+        for k, v in flatten(values).items():
             set_by_path(cfg, f"{section}.{k}", tuple(v) if isinstance(v, list) else v)
     return cfg
 
 
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and k != "feature_lengths":
-            out.update(_flatten(v, prefix + k + "."))
-        else:
-            out[prefix + k] = v
-    return out
+def flatten(d: dict) -> dict:
+    """A config dict (to_dict's) -> {"section.key": value}; feature_lengths stays one value."""
+    from flax import traverse_util  # here: importing flax (and jax) would slow `t5lite models`
+    return traverse_util.flatten_dict(
+        d, sep=".", is_leaf=lambda path, _: bool(path) and path[-1] == "feature_lengths")

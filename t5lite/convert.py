@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import Optional
 
 import numpy as np
+from flax import traverse_util
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
@@ -173,7 +173,7 @@ def _read_weights(path: str, fmt: str) -> dict:
     return out
 
 
-def _architecture(hf_cfg: dict) -> str:
+def hf_architecture(hf_cfg: dict) -> str:
     archs = hf_cfg.get("architectures") or []
     if not archs and hf_cfg.get("model_type") in _BY_MODEL_TYPE:
         archs = [_BY_MODEL_TYPE[hf_cfg["model_type"]]]
@@ -228,7 +228,7 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
                    scan_layers: bool = True) -> config_lib.Config:
     """A t5lite Config whose ModelConfig reproduces the HF model (``tensors`` decides T5
     tying: a T5 lm_head that differs from the embedding means untied)."""
-    arch = _architecture(hf_cfg)
+    arch = hf_architecture(hf_cfg)
     family = SUPPORTED[arch]
     g = hf_cfg.get
     cfg = config_lib.Config(name=f"hf_{family}")
@@ -574,25 +574,6 @@ def _abstract_leaves(m) -> dict:
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def _unflatten(flat: dict) -> dict:
-    tree: dict = {}
-    for path, value in flat.items():
-        node = tree
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-        node[path[-1]] = value
-    return tree
-
-
-def _flatten(tree, prefix=()) -> dict:
-    if not isinstance(tree, dict) and not hasattr(tree, "items"):
-        return {prefix: tree}
-    out = {}
-    for k, v in tree.items():
-        out.update(_flatten(v, prefix + (k,)))
-    return out
-
-
 # ----------------------------------------------------------------------------- import / export
 
 
@@ -600,7 +581,7 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     """-> (Config, params): params is the unboxed float32 numpy pytree that
     ``build_model(cfg.model).init`` would produce, with the HF weights."""
     hf_cfg, tensors = read_hf_dir(hf_dir)
-    family = SUPPORTED[_architecture(hf_cfg)]
+    family = SUPPORTED[hf_architecture(hf_cfg)]
     tensors = _normalize_names(family, tensors)
     if family == "roberta":
         tensors, family = _roberta_to_bert(tensors, _roberta_offset(hf_cfg)), "bert"
@@ -624,7 +605,7 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     for r in rules:
         if r.hf not in tensors:
             raise UserError(f"{hf_dir}: tensor {r.hf} is missing; the weights do not match "
-                            f"config.json ({_architecture(hf_cfg)}). Re-save the "
+                            f"config.json ({hf_architecture(hf_cfg)}). Re-save the "
                             "model with transformers' save_pretrained.")
         x = tensors[r.hf]
         used.add(r.hf)
@@ -656,7 +637,7 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
                         f"head or variant?): {', '.join(unused[:6])}. Supported: "
                         f"{', '.join(SUPPORTED)} as saved by transformers.")
     _check_complete(flat, want)
-    return cfg, _unflatten(flat)
+    return cfg, traverse_util.unflatten_dict(flat)
 
 
 def _check_tied(family, m, tensors, hf_dir):
@@ -695,7 +676,8 @@ def t5lite_to_hf(cfg, params, out_dir: str) -> str:
     roberta = family == "roberta"
     family = "bert" if roberta else family
     rules, _ = _RULES[family](m)
-    flat = {p: np.asarray(v, np.float32) for p, v in _flatten(params).items()}
+    flat = {p: np.asarray(v, np.float32)
+            for p, v in traverse_util.flatten_dict(params).items()}
     want = _abstract_leaves(m)
     for path, shape in want.items():
         if path not in flat:
@@ -732,32 +714,7 @@ def t5lite_to_hf(cfg, params, out_dir: str) -> str:
     return out_dir
 
 
-# ----------------------------------------------------------------------------- CLI handlers
-
-
-def save_params_dir(cfg, params, dst: str) -> None:
-    """A params-only checkpoint (CONTRACTS.md): dst/config.json + dst/params (orbax)."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    dst = os.path.abspath(dst)
-    if os.path.exists(os.path.join(dst, "params")):
-        raise UserError(f"{dst}/params already exists; choose a new destination or delete it.")
-    os.makedirs(dst, exist_ok=True)
-    with open(os.path.join(dst, "config.json"), "w") as f:
-        json.dump(config_lib.to_dict(cfg), f, indent=2)
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(os.path.join(dst, "params"), jax.tree.map(np.asarray, params))
-    ckptr.wait_until_finished()
-
-
-def import_hf_command(src: str, dst: str) -> None:
-    """`t5lite convert import SRC DST`: HF dir -> params-only checkpoint dir."""
-    cfg, params = hf_to_t5lite(src)
-    save_params_dir(cfg, params, dst)
-    n = sum(math.prod(x.shape) for x in _flatten(params).values())
-    print(f"imported {_architecture(read_hf_config(src))} from {src}: {n:,} params, "
-          f"{cfg.model.architecture} -> {dst} (config.json + params/)")
+# ----------------------------------------------------------------------------- HF config files
 
 
 def read_hf_config(hf_dir: str) -> dict:
@@ -772,37 +729,3 @@ def read_hf_config(hf_dir: str) -> dict:
         raise UserError(f"{path} holds a JSON {type(hf_cfg).__name__}, not an object; it must "
                         "be the config.json that save_pretrained wrote")
     return hf_cfg
-
-
-def export_hf_command(src: str, dst: str) -> None:
-    """`t5lite convert export SRC DST`: params-only dir / workdir / step dir -> HF dir."""
-    from t5lite import progress
-    from t5lite.checkpointing import load_params
-
-    with progress.quiet_absl():
-        cfg, params = load_params(src)
-    p = cfg.model.peft
-    if p.lora_rank and not (p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3):
-        merged = src.rstrip("/") + "_merged"
-        raise UserError(f"{src} is a LoRA run: merge LoRA into the base weights first with "
-                        f"`t5lite convert merge-lora {src} {merged}`, then `t5lite convert "
-                        f"export {merged} {dst}`.")
-    t5lite_to_hf(cfg, params, dst)
-    print(f"exported {src} as {config_to_hf(cfg.model)['architectures'][0]} -> {dst} "
-          "(config.json + model.safetensors; load with from_pretrained)")
-
-
-def merge_lora_command(src: str, dst: str) -> None:
-    """`t5lite convert merge-lora SRC DST`: a LoRA checkpoint (anything load_params reads) ->
-    a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
-    infer and init_from."""
-    from t5lite import progress
-    from t5lite.checkpointing import load_params
-    from t5lite.models import peft
-
-    with progress.quiet_absl():
-        cfg, params = load_params(src)
-    cfg, params = peft.merge_lora(cfg, params)
-    save_params_dir(cfg, params, dst)
-    print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "
-          f"export it with `t5lite convert export {dst} HF_DIR`")

@@ -36,24 +36,12 @@ import numpy as np
 from t5lite.errors import UserError
 
 NEG = -1.0e9  # "impossible" score: finite, so arithmetic on it never makes NaNs
-METHODS = ("greedy", "beam", "sample", "self_consistency")
 
 
 def check(dcfg, model_cfg=None, prompt_length: int = 1) -> None:
-    """Config errors with what to do about them."""
-    if dcfg.method not in METHODS:
-        raise UserError(f"decode.method={dcfg.method!r}; use {', '.join(METHODS)}.")
-    if dcfg.num_samples < 1:
-        raise UserError(f"decode.num_samples must be >= 1 (samples voted per input with "
-                        f"decode.method=self_consistency), got {dcfg.num_samples}.")
-    if dcfg.beams < 1:
-        raise UserError(f"decode.beams must be >= 1, got {dcfg.beams}.")
-    if dcfg.temperature < 0:
-        raise UserError(f"decode.temperature must be >= 0, got {dcfg.temperature}.")
-    if not 0.0 < dcfg.top_p <= 1.0:
-        raise UserError(f"decode.top_p must be in (0, 1], got {dcfg.top_p}.")
-    if dcfg.top_k < 0 or dcfg.max_length < 1:
-        raise UserError("decode.top_k must be >= 0 and decode.max_length >= 1.")
+    """Config errors with what to do about them (single fields: config.check_fields)."""
+    from t5lite import config as config_lib
+    config_lib.check_fields(dcfg, "decode")
     if model_cfg is None:
         return
     if model_cfg.architecture == "encoder_only":
@@ -251,7 +239,7 @@ def _beam_loop(n, nb, alpha, stepper, cache, logits_BV, lengths_B, eos_id):
 _FNS: dict = {}
 
 
-def _knobs(dcfg) -> dict:
+def runtime_knobs(dcfg) -> dict:
     """The decoding settings that are runtime values (no recompile when they change)."""
     greedy = dcfg.method == "greedy"
     return {"temperature": np.float32(0.0 if greedy else dcfg.temperature),
@@ -276,9 +264,9 @@ def make_generate_fn(model, dcfg, eos_id: int):
     samples = dcfg.num_samples if dcfg.method == "self_consistency" else 0
     sig = (repr(model.cfg), beams, samples, dcfg.max_length)
     if sig not in _FNS:
-        _FNS[sig] = jax.jit(functools.partial(_generate, model, beams, samples,
+        _FNS[sig] = jax.jit(functools.partial(generate_program, model, beams, samples,
                                               dcfg.max_length))
-    jitted, knobs = _FNS[sig], dict(_knobs(dcfg), eos_id=np.int32(eos_id))
+    jitted, knobs = _FNS[sig], dict(runtime_knobs(dcfg), eos_id=np.int32(eos_id))
     if not samples:
         return lambda params, inputs_BS, lengths_B, key, answer_fn=None: jitted(
             params, inputs_BS, lengths_B, key, knobs)
@@ -289,12 +277,14 @@ def make_generate_fn(model, dcfg, eos_id: int):
     return self_consistent
 
 
-def _generate(model, beams, samples, n, params, inputs_BS, lengths_B, key, knobs):
+def generate_program(model, beams, samples, n, params, inputs_BS, lengths_B, key, knobs):
+    """The traceable decoding program make_generate_fn jits (aot.compile_decode lowers it for a
+    TPU slice): ``beams`` / ``samples`` / ``n`` (max length) are static, ``knobs`` runtime."""
     b, eos_id = inputs_BS.shape[0], knobs["eos_id"]
     if samples:  # self-consistency: every row N times (row-major), sampled independently
         inputs_BS = jnp.repeat(inputs_BS, samples, axis=0)
         lengths_B = jnp.repeat(lengths_B, samples, axis=0)
-        out = _generate(model, 0, 0, n, params, inputs_BS, lengths_B, key, knobs)
+        out = generate_program(model, 0, 0, n, params, inputs_BS, lengths_B, key, knobs)
         return {"samples": out["tokens"].reshape(b, samples, n),
                 "sample_scores": out["scores"].reshape(b, samples)}
     if model.cfg.architecture == "encoder_decoder":

@@ -1,5 +1,6 @@
 """Evaluation: seqio.Evaluator glue (predict by decoding, score by log-likelihood), periodic
-evaluation with best-checkpoint keeping during training, and the `eval` / `infer` commands.
+evaluation with best-checkpoint keeping during training, and `infer` (records for input
+lines). What the `eval` / `infer` commands print and read lives in commands.py.
 
 seqio.Evaluator reads each task's split once, applies its postprocess_fn and metric_fns, and
 asks us for model outputs through predict_fn / score_fn. We hand it the task features as they
@@ -12,9 +13,7 @@ are scored by argmax(class_logits) == class_labels over the split.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import sys
 import time
 from typing import Iterable, Optional, Sequence
 
@@ -298,10 +297,9 @@ class TrainEvaluator:
         from t5lite import checkpointing
         # workdirs may be local or gs://: file I/O through epath (see checkpointing.abspath)
         self.best_dir = epath.Path(checkpointing.abspath(workdir)) / "best"
-        self.best = None
-        path = self.best_dir / "metrics.json"
-        if path.exists():  # resumed run: beat the best kept so far
-            self.best = json.loads(path.read_text()).get(cfg.eval.best_metric)
+        kept = checkpointing.read_metadata(str(self.best_dir), "metrics.json")
+        # resumed run: beat the best kept so far
+        self.best = None if kept is None else kept.get(cfg.eval.best_metric)
 
     @staticmethod
     def wanted(cfg) -> bool:
@@ -341,18 +339,12 @@ class TrainEvaluator:
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     def _save(self, step: int, params, metrics: dict) -> None:
-        import orbax.checkpoint as ocp
-        ckptr = ocp.StandardCheckpointer()
-        ckptr.save(self.best_dir / "params", params, force=True)
-        ckptr.wait_until_finished()
-        if jax.process_index() == 0:
-            (self.best_dir / "config.json").write_text(
-                json.dumps(config_lib.to_dict(self.cfg), indent=2))
-            (self.best_dir / "metrics.json").write_text(
-                json.dumps({"step": step, **metrics}, indent=2))
+        from t5lite import checkpointing
+        checkpointing.save_params_dir(str(self.best_dir), self.cfg, params,
+                                      {"metrics.json": {"step": step, **metrics}}, overwrite=True)
 
 
-# ----------------------------------------------------------------------------- commands
+# ------------------------------------------------------------------------ checkpoint -> records
 
 
 def load(checkpoint: str, overrides: Sequence[str] = ()):
@@ -364,38 +356,16 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     cfg = config_lib.apply_overrides(cfg, overrides)
     config_lib.validate(cfg)
     decoding.check(cfg.decode)
-    if cfg.data.data_dir:
-        os.environ["T5LITE_DATA_DIR"] = checkpointing.abspath(cfg.data.data_dir)
+    from t5lite import dataprep
+    dataprep.use_data_dir(cfg.data.data_dir)
     from t5lite.tasks import pipeline
     pipeline.import_task_modules(cfg.data.task_modules)
     return cfg, build_model(cfg.model), params
 
 
-def format_table(rows: Sequence[tuple[str, str]]) -> str:
-    w = max(len(r[0]) for r in rows)
-    return "\n".join(f"{a.ljust(w)}  {b}" for a, b in rows)
-
-
-def eval_command(checkpoint: str, task: str, split: str = "validation", max_examples: int = 0,
-                 overrides: Sequence[str] = ()) -> dict:
-    """`t5lite eval`: print a table of the task's metrics for the checkpoint."""
-    cfg, model, params = load(checkpoint, overrides)
-    t0 = time.time()
-    metrics = evaluate(cfg, model, params, tasks=(task,), split=split, max_examples=max_examples)
-    rows = [("metric", "value")] + [(k, f"{v:.2f}") for k, v in sorted(metrics.items())]
-    d = cfg.decode
-    how = (f"decode={d.method}" + (f" beams={d.beams} alpha={d.alpha}" if d.method == "beam"
-                                   else "")
-           + (f" num_samples={d.num_samples}" if d.method == "self_consistency" else "")
-           + f" max_length={d.max_length}")
-    if cfg.model.num_classes > 0:
-        how = "argmax of the classification head"
-    print(format_table(rows))
-    print(f"({checkpoint}, split={split}, {how}, {time.time() - t0:.1f}s)")
-    return metrics
-
-
-def _vocabulary(cfg):
+def io_vocabularies(cfg):
+    """-> (input vocabulary, output vocabulary, whether inputs end with EOS) of the
+    checkpoint's task (or cfg.eval.vocabulary for both)."""
     from t5lite.tasks import pipeline, vocabularies
     if cfg.eval.vocabulary:
         v = vocabularies.get_vocabulary(cfg.eval.vocabulary)
@@ -406,69 +376,10 @@ def _vocabulary(cfg):
     return inp.vocabulary, feats["targets"].vocabulary, bool(inp.add_eos and "inputs" in feats)
 
 
-def _read_lines(path: str) -> list[str]:
-    """Non-empty lines of a UTF-8 text file (or stdin); binary or non-UTF-8 input is a
-    UserError naming the first bad line."""
-    if path == "-":
-        stdin = getattr(sys.stdin, "buffer", None)  # a text stream (tests) has none
-        data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
-    else:
-        if not os.path.exists(path):
-            raise UserError(f"--input {path} does not exist.")
-        if os.path.isdir(path):
-            raise UserError(f"--input {path} is a directory; give a text file, one input per "
-                            "line")
-        with open(path, "rb") as f:
-            data = f.read()
-    raw = data.split(b"\n")
-    for i, line in enumerate(raw, 1):
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UserError(f"--input {path} line {i} is not UTF-8 text (byte "
-                            f"{line[e.start]:#04x} at column {e.start + 1}); give a UTF-8 "
-                            "text file, one input per line") from None
-        if "\x00" in text:
-            raise UserError(f"--input {path} line {i} contains NUL bytes: it looks like a "
-                            "binary file; give a UTF-8 text file, one input per line")
-    lines = data.decode("utf-8").splitlines()
-    lines = [x for x in lines if x.strip()]
-    if not lines:
-        raise UserError(f"--input {path} has no non-empty lines.")
-    return lines
 
-
-def _check_output(path: str) -> None:
-    if path == "-":
-        return
-    if os.path.isdir(path):
-        raise UserError(f"--output {path} is a directory; give a file path for the JSONL "
-                        f"predictions (e.g. {os.path.join(path, 'predictions.jsonl')})")
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.exists(parent) and not os.path.isdir(parent):
-        raise UserError(f"--output {path}: {parent} is a file, not a directory")
-
-
-def _check_prefix(cfg, lines: Sequence[str], prefix: str, mode: str) -> None:
-    """Warn when the checkpoint's finetuning task has a known text-to-text prefix that neither
-    --prefix nor the input lines carry: the model never saw inputs without it."""
-    from t5lite.tasks import registry
-    task = cfg.data.mixture_or_task
-    known = next((p for name, (p, _, _) in registry.FINETUNE.items()
-                  if task in {name + sfx for sfx in registry.VOCAB_SUFFIX.values()}), None)
-    if not known or prefix.strip():
-        return
-    inputs = [x.split("\t", 1)[0] for x in lines] if mode == "score" else lines
-    if any(not x.startswith(known) for x in inputs):
-        print(f"t5lite: warning: this checkpoint was finetuned on {cfg.data.mixture_or_task!r}, "
-              f"whose inputs start with {known!r}; some input lines do not. Pass --prefix "
-              f"{known!r} (or add it to the lines).", file=sys.stderr, flush=True)
-
-
-def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
-                  mode: str = "predict", options: Sequence[str] = (),
-                  overrides: Sequence[str] = (), prefix: str = "") -> list[dict]:
-    """`t5lite infer`: one JSON line per input line.
+def infer(cfg, model, params, lines: Sequence[str], mode: str = "predict",
+          options: Sequence[str] = (), prefix: str = "") -> list[dict]:
+    """Records for input lines (what `t5lite infer` writes, one JSON line each).
 
     ``prefix``: the task's text-to-text prefix (e.g. "sst2 sentence:"), joined to every input
     with a space as the task's preprocessors do; records show the input as given.
@@ -476,15 +387,10 @@ def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
     predict: {"input", "prediction", "score"} (score: log-likelihood of the output; for beam
     search its length-normalised score). score: lines are "input<TAB>target" ->
     {"input", "target", "log_likelihood"}. rank: {"input", "prediction", "scores"}: the
-    --options candidate with the highest log-likelihood (rank classification, T5 paper).
+    ``options`` candidate with the highest log-likelihood (rank classification, T5 paper).
     """
-    import t5lite.tasks  # noqa: F401
-    _check_output(output_path)  # before loading and decoding: a mistake costs nothing
-    lines = _read_lines(input_path)
-    cfg, model, params = load(checkpoint, overrides)
-    in_vocab, out_vocab, add_eos = _vocabulary(cfg)
+    in_vocab, out_vocab, add_eos = io_vocabularies(cfg)
     eos = int(out_vocab.eos_id)
-    _check_prefix(cfg, lines, prefix, mode)
     predictor = Predictor(cfg, model, params, eos)
 
     def enc(text, vocab, eos_too):
@@ -496,32 +402,23 @@ def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
 
     if mode == "predict":
         preds, scores = predictor.predict([enc_in(x) for x in lines])
-        records = [{"input": x, "prediction": out_vocab.decode(predictor.strip(p)), "score": s}
-                   for x, p, s in zip(lines, preds, scores)]
-    elif mode == "score":
+        return [{"input": x, "prediction": out_vocab.decode(predictor.strip(p)), "score": s}
+                for x, p, s in zip(lines, preds, scores)]
+    if mode == "score":
         pairs = [x.split("\t", 1) for x in lines]
         if any(len(p) != 2 for p in pairs):
             raise UserError("--mode score reads lines of the form: input<TAB>target")
         lls = predictor.score([enc_in(a) for a, _ in pairs],
                               [enc(b, out_vocab, True) for _, b in pairs])
-        records = [{"input": a, "target": b, "log_likelihood": s}
-                   for (a, b), s in zip(pairs, lls)]
-    elif mode == "rank":
+        return [{"input": a, "target": b, "log_likelihood": s}
+                for (a, b), s in zip(pairs, lls)]
+    if mode == "rank":
         if len(options) < 2:
             raise UserError("--mode rank needs at least two --options (candidate targets), "
                             "e.g. --options positive --options negative")
         ins = [enc_in(x) for x in lines for _ in options]
         outs = [enc(o, out_vocab, True) for _ in lines for o in options]
         lls = np.array(predictor.score(ins, outs)).reshape(len(lines), len(options))
-        records = [{"input": x, "prediction": options[int(np.argmax(s))],
-                    "scores": dict(zip(options, map(float, s)))} for x, s in zip(lines, lls)]
-    else:
-        raise UserError(f"--mode {mode!r}: use predict, score or rank.")
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    if output_path == "-":
-        sys.stdout.write(text)
-    else:
-        os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-        with open(output_path, "w", encoding="utf-8") as f:
-            f.write(text)
-    return records
+        return [{"input": x, "prediction": options[int(np.argmax(s))],
+                 "scores": dict(zip(options, map(float, s)))} for x, s in zip(lines, lls)]
+    raise UserError(f"--mode {mode!r}: use predict, score or rank.")

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import time
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -71,11 +70,11 @@ def parse_label_words(spec: str, labels: Sequence[str]) -> dict:
 
 def read_split(task: str, split: str, data_dir: str = "") -> list[tuple[str, str]]:
     """(input, target) rows of a prepared finetuning dataset (CONTRACTS.md finetune TSVs)."""
-    from t5lite.tasks import local_data
-    if task not in local_data.finetune_names():
+    from t5lite import dataprep
+    if task not in dataprep.finetune_names():
         raise UserError(f"few-shot evaluation reads a finetuning dataset; {task!r} is not one "
-                        f"of {', '.join(local_data.finetune_names())}.")
-    path = local_data.require(task, f"finetune/{task}/{split}.tsv", data_dir)
+                        f"of {', '.join(dataprep.finetune_names())}.")
+    path = dataprep.require(task, f"finetune/{task}/{split}.tsv", data_dir)
     with open(path, encoding="utf-8", newline="") as f:
         rows = [tuple(r[:2]) for r in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
                 if len(r) >= 2]
@@ -103,7 +102,8 @@ def build_prompt(template: Template, shots: Sequence[tuple[str, str]], query: st
     return template.separator.join(parts + [template.prompt.format(input=query)])
 
 
-def _labels(task: str, train) -> list[str]:
+def labels(task: str, train) -> list[str]:
+    """The task's label names (registry order), else the train split's distinct targets."""
     from t5lite.tasks import registry
     names = registry.FINETUNE.get(task, (None, None, None))[2]
     if names:
@@ -154,46 +154,3 @@ def evaluate_fewshot(predictor, in_vocab, out_vocab, task: str, train, examples,
     return {f"{task}/accuracy": 100.0 * sum(p == g for p, g in zip(preds, gold)) / n,
             f"{task}/majority_class": 100.0 * max(counts.values()) / n,
             f"{task}/truncated_prompts": float(truncated), "predictions": preds}
-
-
-def fewshot_command(checkpoint: str, task: str, shots: int, split: str = "validation",
-                    max_examples: int = 0, template: str = "", label_words: str = "",
-                    scoring: str = "rank", context_length: int = 0,
-                    overrides: Sequence[str] = (), data_dir: Optional[str] = None) -> dict:
-    """`t5lite eval --shots K`: print the in-context accuracy of a checkpoint on a task."""
-    from t5lite import evaluation
-    cfg, model, params = evaluation.load(checkpoint, overrides)
-    if cfg.model.architecture == "encoder_only":
-        raise UserError("few-shot prompting needs a generative model (GPT / T5), not an "
-                        "encoder_only checkpoint.")
-    if shots < 0:
-        raise UserError(f"--shots must be >= 0, got {shots}.")
-    t0 = time.time()
-    train = read_split(task, "train", data_dir or "")
-    examples = read_split(task, split, data_dir or "")
-    if 0 < max_examples < len(examples):  # a seeded sample: split files may be label-sorted
-        keep = np.random.default_rng(cfg.decode.seed).choice(len(examples), max_examples,
-                                                             replace=False)
-        examples = [examples[i] for i in sorted(keep)]
-    words = parse_label_words(label_words, _labels(task, train))
-    tmpl = get_template(task, template)
-    in_vocab, out_vocab, _ = evaluation._vocabulary(cfg)  # pylint: disable=protected-access
-    answer_len = max(len(out_vocab.encode(tmpl.answer.format(label=w))) for w in words.values())
-    m = cfg.model
-    # the answer (+ EOS) is all that is scored or generated
-    cfg.decode.max_length = min(cfg.decode.max_length, answer_len + 2)
-    length = context_length or max(cfg.data.feature_lengths.values())
-    if m.position == "learned":  # decoder-only rows: BOS + prompt + answer
-        length = min(length, m.max_length - (m.architecture != "encoder_decoder")
-                     * (cfg.decode.max_length + 1))
-    cfg.data.feature_lengths = {"inputs": length, "targets": answer_len + 1}
-    predictor = evaluation.Predictor(cfg, model, params, int(out_vocab.eos_id))
-    metrics = evaluate_fewshot(predictor, in_vocab, out_vocab, task, train, examples, shots,
-                               tmpl, words, scoring, seed=cfg.decode.seed)
-    metrics.pop("predictions")
-    rows = [("metric", "value")] + [(k, f"{v:.2f}") for k, v in sorted(metrics.items())]
-    print(evaluation.format_table(rows))
-    print(f"({checkpoint}, split={split}, {shots}-shot, scoring={scoring}, "
-          f"template={tmpl.prompt!r}, label words={words}, context={length} tokens, "
-          f"{len(examples)} examples, {time.time() - t0:.1f}s)")
-    return metrics

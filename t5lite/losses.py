@@ -74,7 +74,8 @@ _xent.defvjp(_xent_fwd, _xent_bwd)
 
 def _is_top1(logits, targets):
     """argmax(logits) == targets, as "the target's logit is the maximum" (ties aside): a plain
-    max-reduce, where XLA:CPU's (value, index) argmax reduce is ~20x slower over a vocabulary."""
+    max-reduce, where XLA:CPU's (value, index) argmax reduce over a vocabulary is far slower
+    (bench/RESULTS.md)."""
     label = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return label >= jnp.max(logits, axis=-1)
 

@@ -40,7 +40,7 @@ def peak_flops_per_device(override: float = 0.0):
     return None
 
 
-def _dot_flops(eqn) -> int:
+def dot_flops(eqn) -> int:
     lhs, rhs = (v.aval for v in eqn.invars[:2])
     (lc, _), (lb, _) = eqn.params["dimension_numbers"]
     contract = math.prod(lhs.shape[d] for d in lc)
@@ -52,7 +52,7 @@ def _jaxpr_matmul_flops(jaxpr) -> int:
     total = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            total += _dot_flops(eqn)
+            total += dot_flops(eqn)
         mult = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
         for sub in jex.core.jaxprs_in_params(eqn.params):
             total += mult * _jaxpr_matmul_flops(sub)

@@ -89,15 +89,14 @@ def check_workdir(workdir: str, root: str, fast: bool, prepared: bool = True) ->
 def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = True) -> dict:
     """Pretrain, finetune, evaluate; -> the summary numbers (also printed).
     prepare=False uses the data dir as it is (built elsewhere, or a test's small one)."""
-    from t5lite import evaluation, trainer
-    from t5lite.tasks import local_data
+    from t5lite import commands, dataprep, evaluation, trainer
 
     t0 = time.time()
     workdir = os.path.abspath(workdir)
-    root = local_data.data_dir(data_dir)
+    root = dataprep.data_dir(data_dir)
     check_workdir(workdir, root, fast, prepare)
     if prepare:
-        root = local_data.ensure_prepared(local_data.QUICKSTART, root)
+        root = dataprep.ensure_prepared(dataprep.QUICKSTART, root)
     (pre_cfg, pre_dir), (ft_cfg, ft_dir) = stage_configs(workdir, root, fast, prepare)
 
     print(f"[1/3] pretraining configs/quickstart.py -> {pre_dir}", flush=True)
@@ -122,7 +121,7 @@ def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = Tr
                "finetune_seconds": t_ft, "total_seconds": time.time() - t0}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(evaluation.format_table([
+    print(commands.format_table([
         ("quickstart", "result"),
         ("pretrain loss (span corruption)", f"{first:.2f} -> {last:.2f}"),
         (f"sentiment {split} accuracy", f"{summary['finetune_accuracy']:.1f}%"),

@@ -198,12 +198,11 @@ def step_flops(cfg, model, mesh, abstract_params, batch_size) -> int:
 
 
 def _prepare_tasks(cfg):
-    if cfg.data.data_dir:
-        os.environ["T5LITE_DATA_DIR"] = checkpointing.abspath(cfg.data.data_dir)
+    from t5lite import dataprep
+    dataprep.use_data_dir(cfg.data.data_dir)
     if cfg.train.prepare_data:
-        from t5lite.tasks import local_data
         # every process (hosts may have local disks); a file lock serialises shared ones
-        local_data.ensure_prepared(cfg.train.prepare_data, cfg.data.data_dir)
+        dataprep.ensure_prepared(cfg.train.prepare_data, cfg.data.data_dir)
     from t5lite.tasks import pipeline
     pipeline.import_task_modules(cfg.data.task_modules)
     task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
@@ -278,7 +277,7 @@ def _lock_workdir(workdir: str, lease_seconds: float):
             lock = workdir_lib.WorkdirLock(workdir, lease_seconds).acquire()
         except UserError as e:
             error = e
-    if not checkpointing._all_hosts_ok(error is None):
+    if not checkpointing.all_hosts_ok(error is None):
         raise error or UserError(f"process 0 could not lock {workdir} (see its message)")
     if lock is not None and lock.took_over:
         print(f"t5lite: {lock.takeover_line()}", flush=True)

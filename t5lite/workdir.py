@@ -278,8 +278,8 @@ def config_diff(old: dict, new: dict) -> dict:
     """{key: (old, new)} over the flattened configs, placement keys left out. A key missing
     from the old config (a field added since) counts as its default."""
     default = json.loads(json.dumps(config_lib.to_dict(config_lib.Config())))
-    flat_old, flat_new = config_lib._flatten(old), config_lib._flatten(new)
-    flat_def = config_lib._flatten(default)
+    flat_old, flat_new = config_lib.flatten(old), config_lib.flatten(new)
+    flat_def = config_lib.flatten(default)
     out = {}
     for key in sorted(flat_new):
         if _matches(key, PLACEMENT_KEYS):

@@ -201,3 +201,75 @@ def test_kill_and_resume_through_the_cli_gives_the_same_losses(tmp_path, monkeyp
     np.testing.assert_allclose([got[s] for s in range(1, 31)], [want[s] for s in range(1, 31)],
                                rtol=1e-6)
     assert want[30] < want[1]
+
+
+def _old_params_only_dir(path, cfg, params, metadata=None):
+    """The params-only layout exactly as the writers before checkpointing.save_params_dir
+    produced it (convert.save_params_dir / TrainEvaluator._save / peft.save_peft): open() /
+    write_text JSON files beside an orbax StandardSave of params/."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config_lib.to_dict(cfg), f, indent=2)
+    for name, value in (metadata or {}).items():
+        with open(os.path.join(path, name), "w") as f:
+            json.dump(value, f, indent=2)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.join(path, "params"), params)
+        ckptr.wait_until_finished()
+
+
+def test_params_only_dir_one_writer_reads_old_dirs(tmp_path):
+    cfg = tiny_config()
+    params = {"encoder": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
+              "lora_b": np.full((3,), 0.5, np.float32)}
+    # a dir written by the old code still loads, with its metadata
+    old = str(tmp_path / "old")
+    _old_params_only_dir(old, cfg, params, {"metrics.json": {"step": 3, "acc": 1.5}})
+    got_cfg, got = checkpointing.load_params(old)
+    assert got_cfg == cfg
+    jax.tree.map(np.testing.assert_array_equal, got, params)
+    assert checkpointing.read_metadata(old, "metrics.json") == {"step": 3, "acc": 1.5}
+    assert checkpointing.read_metadata(old, "peft_only.json") is None
+
+    # the one writer: the same files, readable by the same reader
+    new = checkpointing.save_params_dir(str(tmp_path / "new"), cfg, params,
+                                        {"metrics.json": {"step": 3, "acc": 1.5}})
+    assert sorted(os.listdir(new)) == sorted(os.listdir(old)) == [
+        "config.json", "metrics.json", "params"]
+    assert (json.load(open(os.path.join(new, "config.json")))
+            == json.load(open(os.path.join(old, "config.json"))))
+    jax.tree.map(np.testing.assert_array_equal, checkpointing.load_params(new)[1], params)
+
+    # never overwritten by mistake; replaced on purpose (best/, peft/<step>)
+    with pytest.raises(UserError, match="already exists"):
+        checkpointing.save_params_dir(new, cfg, params)
+    twice = jax.tree.map(lambda x: 2 * x, params)
+    checkpointing.save_params_dir(new, cfg, twice, {"metrics.json": {"step": 4}}, overwrite=True)
+    jax.tree.map(np.testing.assert_array_equal, checkpointing.load_params(new)[1], twice)
+    assert checkpointing.read_metadata(new, "metrics.json") == {"step": 4}
+
+
+def test_peft_dirs_through_the_one_writer_and_reader(tmp_path):
+    """peft.save_peft's dirs (config.json + peft_only.json + params/ of the trained subset)
+    read through checkpointing, and the same dir written by save_params_dir loads in
+    peft.load_peft: the interface models/peft.py can write and read its files through."""
+    import flax.linen as nn
+    from t5lite.models import dummy_batch, peft
+    cfg = config_lib.load_config("bert_tiny", ["model.peft.lora_rank=2"])
+    batch = dummy_batch(cfg.model, 1, {"inputs": 8})
+    base = nn.meta.unbox(build_model(cfg.model).init(jax.random.key(0), batch,
+                                                     deterministic=True)["params"])
+    trained = jax.tree_util.tree_map_with_path(
+        lambda p, v: v + 0.5 if "lora" in jax.tree_util.keystr(p) else v, base)
+    old = str(tmp_path / "old")
+    peft.save_peft(old, cfg, trained)  # today's writer
+    got_cfg, subset = checkpointing.load_params(old)
+    meta = checkpointing.read_metadata(old, peft.PEFT_MARKER)
+    assert got_cfg == cfg and any("lora_b" in p for p in meta["paths"])
+    new = checkpointing.save_params_dir(str(tmp_path / "new"), cfg, subset,
+                                        {peft.PEFT_MARKER: meta}, overwrite=True)
+    assert sorted(os.listdir(new)) == sorted(os.listdir(old))
+    for path in (old, new):
+        loaded_cfg, params = peft.load_peft(path, base)
+        assert loaded_cfg == cfg
+        jax.tree.map(np.testing.assert_array_equal, params, trained)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from t5lite import config as config_lib
-from t5lite import evaluation
+from t5lite import commands, evaluation
 from t5lite.errors import UserError
 
 
@@ -64,7 +64,7 @@ def test_periodic_eval_logs_metrics_and_keeps_the_best(workdir):
 
 
 def test_eval_command_matches_infer_predictions(workdir, data_dir, tmp_path, capsys):
-    metrics = evaluation.eval_command(workdir, "sentiment", split="validation", max_examples=12)
+    metrics = commands.eval_command(workdir, "sentiment", split="validation", max_examples=12)
     table = capsys.readouterr().out
     assert "sentiment/accuracy" in table
     with open(os.path.join(data_dir, "finetune", "sentiment", "validation.tsv")) as f:
@@ -72,7 +72,7 @@ def test_eval_command_matches_infer_predictions(workdir, data_dir, tmp_path, cap
     inp = tmp_path / "in.txt"
     inp.write_text("".join(f"sst2 sentence: {x}\n" for x, _ in rows))
     out = tmp_path / "pred.jsonl"
-    recs = evaluation.infer_command(workdir, str(inp), str(out), "predict")
+    recs = commands.infer_command(workdir, str(inp), str(out), "predict")
     assert [json.loads(x) for x in out.read_text().splitlines()] == recs
     acc = 100.0 * np.mean([r["prediction"] == y for r, (_, y) in zip(recs, rows)])
     assert metrics["sentiment/accuracy"] == pytest.approx(acc)
@@ -82,7 +82,7 @@ def _greedy_is_its_own_likelihood(checkpoint, texts):
     """Decoding scores == teacher-forced log-likelihood of the decoded ids (EOS included when
     emitted): ties decoding (KV cache) to scoring (one full forward pass)."""
     cfg, model, params = evaluation.load(checkpoint)
-    in_vocab, _, add_eos = evaluation._vocabulary(cfg)
+    in_vocab, _, add_eos = evaluation.io_vocabularies(cfg)
     pred = evaluation.Predictor(cfg, model, params, eos_id=1)
     ids = [list(in_vocab.encode(t)) + [1] * add_eos for t in texts]
     rows, scores = pred.predict(ids)
@@ -96,11 +96,11 @@ def test_infer_score_and_rank_agree(workdir, tmp_path, capsys):
     _greedy_is_its_own_likelihood(workdir, texts)
     inp = tmp_path / "in.txt"
     inp.write_text("".join(t + "\n" for t in texts))
-    ranked = evaluation.infer_command(workdir, str(inp), str(tmp_path / "r.jsonl"), "rank",
+    ranked = commands.infer_command(workdir, str(inp), str(tmp_path / "r.jsonl"), "rank",
                                       options=["positive", "negative"])
     pairs = tmp_path / "pairs.txt"
     pairs.write_text("".join(f"{t}\t{o}\n" for t in texts for o in ("positive", "negative")))
-    scored = evaluation.infer_command(workdir, str(pairs), str(tmp_path / "s.jsonl"), "score")
+    scored = commands.infer_command(workdir, str(pairs), str(tmp_path / "s.jsonl"), "score")
     for i, r in enumerate(ranked):
         assert r["prediction"] == max(r["scores"], key=r["scores"].get)
         assert r["scores"]["positive"] == pytest.approx(scored[2 * i]["log_likelihood"], abs=1e-4)
@@ -110,29 +110,29 @@ def test_infer_score_and_rank_agree(workdir, tmp_path, capsys):
     # --prefix: the same inputs without the task prefix in the lines; a warning without either
     raw = tmp_path / "raw.txt"
     raw.write_text("".join(t[len("sst2 sentence: "):] + "\n" for t in texts))
-    with_prefix = evaluation.infer_command(workdir, str(raw), str(tmp_path / "p.jsonl"), "rank",
+    with_prefix = commands.infer_command(workdir, str(raw), str(tmp_path / "p.jsonl"), "rank",
                                            options=["positive", "negative"],
                                            prefix="sst2 sentence:")
     assert [r["scores"] for r in with_prefix] == [r["scores"] for r in ranked]
     assert "warning" not in capsys.readouterr().err
-    evaluation.infer_command(workdir, str(raw), str(tmp_path / "q.jsonl"), "rank",
+    commands.infer_command(workdir, str(raw), str(tmp_path / "q.jsonl"), "rank",
                              options=["positive", "negative"])
     assert "--prefix 'sst2 sentence:'" in capsys.readouterr().err
     with pytest.raises(UserError, match="at least two --options"):
-        evaluation.infer_command(workdir, str(inp), "-", "rank", options=["positive"])
+        commands.infer_command(workdir, str(inp), "-", "rank", options=["positive"])
     with pytest.raises(UserError, match="input<TAB>target"):
-        evaluation.infer_command(workdir, str(inp), "-", "score")
+        commands.infer_command(workdir, str(inp), "-", "score")
 
 
 def test_beam_search_through_overrides(workdir, tmp_path):
     inp = tmp_path / "in.txt"
     inp.write_text("sst2 sentence: the one was not there\n")
-    rec = evaluation.infer_command(workdir, str(inp), "-", "predict",
+    rec = commands.infer_command(workdir, str(inp), "-", "predict",
                                    overrides=["decode.method=beam", "decode.beams=3",
                                               "decode.alpha=0.0"])[0]
     assert isinstance(rec["prediction"], str) and math.isfinite(rec["score"]) and rec["score"] < 0
     with pytest.raises(UserError, match="decode.method"):
-        evaluation.infer_command(workdir, str(inp), "-", "predict",
+        commands.infer_command(workdir, str(inp), "-", "predict",
                                  overrides=["decode.method=nucleus"])
 
 
@@ -183,3 +183,15 @@ def test_self_consistency_eval_through_overrides(workdir):
     assert 0.0 <= voted["sentiment/accuracy"] <= 100.0
     with pytest.raises(UserError, match="num_samples"):
         run("decode.method=self_consistency", "decode.num_samples=0")
+
+
+def test_a_resumed_run_keeps_the_best_so_far(tmp_path):
+    """best/metrics.json (written by an earlier run, here the old way with open()) is the
+    score a resumed run must beat; no best/ yet means any first evaluation wins."""
+    cfg = _tiny_cfg("encoder_decoder")
+    fresh = evaluation.TrainEvaluator(cfg, None, str(tmp_path), None)
+    assert fresh.best is None
+    os.makedirs(tmp_path / "best")
+    with open(tmp_path / "best" / "metrics.json", "w") as f:
+        json.dump({"step": 2, "sentiment/accuracy": 62.5}, f)
+    assert evaluation.TrainEvaluator(cfg, None, str(tmp_path), None).best == 62.5

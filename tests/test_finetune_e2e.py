@@ -50,8 +50,8 @@ def test_quickstart_fast_pipeline(tmp_path, capsys):
 @pytest.mark.slow
 def test_quickstart_real_data_beats_majority_class(tmp_path):
     """The README run: ~minutes on 2 CPU cores; needs `t5lite data prepare quickstart`."""
-    from t5lite.tasks import local_data
-    if not all(local_data.is_prepared(n) for n in local_data.QUICKSTART):
+    from t5lite import dataprep
+    if not all(dataprep.is_prepared(n) for n in dataprep.QUICKSTART):
         pytest.skip("local data not prepared: run `t5lite data prepare quickstart`")
     summary = quickstart.run(str(tmp_path / "qs"))
     assert summary["pretrain_loss_last"] < summary["pretrain_loss_first"] - 1.0

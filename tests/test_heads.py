@@ -176,8 +176,8 @@ def test_decoder_classification_converter_marks_padding_by_length_not_id():
 
 
 def _sentiment_ready():
-    from t5lite.tasks import local_data
-    root = local_data.data_dir()
+    from t5lite import dataprep
+    root = dataprep.data_dir()
     return all(os.path.exists(os.path.join(root, p)) for p in (
         "finetune/sentiment/train.tsv", "finetune/sentiment/validation.tsv",
         "vocab/bert/vocab.txt"))
@@ -189,13 +189,12 @@ def test_tiny_bert_sentiment_beats_the_majority_class(tmp_path):
     class of the validation split."""
     if not _sentiment_ready():
         pytest.skip("run `t5lite data prepare sentiment bert_vocab` first")
-    from t5lite import trainer
-    from t5lite.tasks import local_data
+    from t5lite import dataprep, trainer
     cfg = config_lib.load_config("tiny_bert_sentiment", ["train.steps=300"])
     cfg.train.eval_steps = 0
     workdir = str(tmp_path / "run")
     trainer.train(cfg, workdir)
-    with open(os.path.join(local_data.data_dir(), "finetune/sentiment/validation.tsv")) as f:
+    with open(os.path.join(dataprep.data_dir(), "finetune/sentiment/validation.tsv")) as f:
         labels = [line.rstrip("\n").split("\t")[1] for line in f if line.strip()]
     majority = max(labels.count(x) for x in set(labels)) / len(labels)
     acc = evaluate_accuracy(cfg, workdir, "validation")

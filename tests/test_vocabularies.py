@@ -8,8 +8,8 @@ import pickle
 import pytest
 import tensorflow as tf
 
+from t5lite import dataprep as D
 from t5lite.errors import UserError
-from t5lite.tasks import local_data as L
 from t5lite.tasks import vocabularies as V
 
 import tasks_testdata
@@ -26,7 +26,7 @@ TEXTS = [
 
 @pytest.fixture(scope="session")
 def vocab_dir():
-    return L.ensure_prepared(["vocab_t5", "vocab_gpt2", "vocab_bert"])
+    return D.build.ensure_prepared(["vocab_t5", "vocab_gpt2", "vocab_bert"])
 
 
 def _tf_roundtrip(vocab, texts):
@@ -130,16 +130,17 @@ def test_sentencepiece_recipe_conventions_and_determinism(tmp_path):
     """Our training recipe (small vocab on a small real text) is deterministic and follows
     T5's conventions; byte fallback leaves no unknowns."""
     import sentencepiece as spm
-    path, _ = L.Fetcher(os.path.join(L.data_dir(), "downloads")).fetch(L.SOURCES["sotu"])
-    texts = L.read_members(path, lambda n: n.endswith(("/1790_george_washington_n.txt",
-                                                        "/1861_abraham_lincoln_r.txt",
-                                                        "/1941_franklin_d_roosevelt_d.txt")))
+    fetcher = D.fetch.Fetcher(os.path.join(D.datadir.data_dir(), "downloads"))
+    path, _ = fetcher.fetch(D.fetch.SOURCES["sotu"])
+    speeches = ("/1790_george_washington_n.txt", "/1861_abraham_lincoln_r.txt",
+                "/1941_franklin_d_roosevelt_d.txt")
+    texts = D.archives.read_members(path, lambda n: n.endswith(speeches))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(t.decode() for t in texts.values()) + "\n")
     models = []
     for i in range(2):
         m = str(tmp_path / f"sp{i}.model")
-        L.train_sentencepiece(str(corpus), m, vocab_size=600, sample_percent=100)
+        D.vocab.train_sentencepiece(str(corpus), m, vocab_size=600, sample_percent=100)
         models.append(open(m, "rb").read())
     assert models[0] == models[1]
     sp = spm.SentencePieceProcessor(model_proto=models[0])
@@ -151,7 +152,7 @@ def test_sentencepiece_recipe_conventions_and_determinism(tmp_path):
 
 @pytest.mark.slow
 def test_t5lite_sp8k_on_the_corpus():
-    L.ensure_prepared(["vocab_sp8k"])
+    D.build.ensure_prepared(["vocab_sp8k"])
     v = V.get_vocabulary("t5lite_sp8k")
     assert (v.vocab_size, v.pad_id, v.eos_id, v.unk_id) == (8100, 0, 1, 2)
     assert v.encode("<extra_id_0>") == [8099]

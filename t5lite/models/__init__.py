@@ -5,6 +5,7 @@ See CONTRACTS.md ("Models") for the call conventions and architectures.py for th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -32,10 +33,10 @@ def _model_cfg(cfg):
 
 
 def check(cfg) -> None:
-    """Model-specific config errors, with what to do about them."""
-    if cfg.architecture not in ARCHITECTURES:
-        raise UserError(f"model.architecture={cfg.architecture!r}; use one of "
-                        f"{', '.join(ARCHITECTURES)}.")
+    """Model-specific config errors, with what to do about them (single fields:
+    config.check_fields)."""
+    from t5lite import config as config_lib
+    config_lib.check_fields(cfg, "model")
     if cfg.shared_encoder_decoder and cfg.architecture != "encoder_decoder":
         raise UserError("model.shared_encoder_decoder=True needs architecture=encoder_decoder.")
     if cfg.shared_encoder_decoder and cfg.num_encoder_layers != cfg.num_decoder_layers:
@@ -156,6 +157,28 @@ def count_params(cfg, heads: bool = True) -> int:
     return _counts(abstract_params(cfg))[0 if heads else 1]
 
 
+def layerwise_counts(cfg) -> tuple[int, int]:
+    """_counts(abstract_params(cfg)), traced with one unscanned layer per stack.
+
+    Every layer of a stack has the same parameters, so layers_0's count times the stack's depth
+    is the stack's count; tracing one plain layer costs less than half of tracing the scanned
+    stack (nn.scan's lifting), and `t5lite models` traces every config.
+    """
+    cfg = _model_cfg(cfg)
+    depth = {"encoder": cfg.num_encoder_layers, "decoder": cfg.num_decoder_layers}
+    one = dataclasses.replace(cfg, scan_layers=False, num_encoder_layers=min(1, depth["encoder"]),
+                              num_decoder_layers=min(1, depth["decoder"]))
+    total = body = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(abstract_params(one)))[0]:
+        keys = [str(getattr(k, "key", k)) for k in path]
+        n = math.prod(leaf.shape)
+        if len(keys) > 1 and keys[1] == "layers_0":
+            n *= depth[keys[0]]
+        total += n
+        body += 0 if keys[0].startswith(HEAD_PREFIXES) else n
+    return total, body
+
+
 def _counts(params) -> tuple[int, int]:
     """(all params, params outside the task heads) of a (boxed or abstract) param tree."""
     total = body = 0
@@ -175,7 +198,7 @@ def param_count_table(names=None) -> str:
     rows = [("config", "architecture", "d_model", "layers", "params", "w/o heads", "published")]
     for name in names:
         cfg = config_lib.load_config(name).model
-        total, body = _counts(abstract_params(cfg))
+        total, body = layerwise_counts(cfg)
         n_layers = {"encoder_decoder": f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers}",
                     "encoder_only": str(cfg.num_encoder_layers)}.get(
             cfg.architecture, str(cfg.num_decoder_layers))

@@ -25,14 +25,12 @@ objective of the tables, and the paper's benchmarks (formats.register_paper_task
 
 from __future__ import annotations
 
+from t5lite.task_catalog import (  # noqa: F401  (the variants as data: `tasks list` reads them)
+    C4_OBJECTIVES, IID_RATES, MULTITASK_BASE, MULTITASK_K, PAPER_MULTITASK_BASE, SPAN_LENGTHS,
+    TEMPERATURES)
 from t5lite.tasks import registry
 
 K_SCALE = 2.0 ** -5
-IID_RATES = (10, 25, 50)  # percent; 15 = corpus_iid_denoising
-SPAN_LENGTHS = (2, 5, 10)  # mean span length; 3 = corpus_span_corruption
-MULTITASK_K = (16, 17, 18, 19, 20, 21)  # the paper's log2 K
-TEMPERATURES = (2, 4, 8)
-MULTITASK_BASE = "corpus_iid_denoising"
 
 
 def multitask_members() -> list[str]:
@@ -41,13 +39,6 @@ def multitask_members() -> list[str]:
 
 def scaled_k(log2_k: int) -> int:
     return int(2 ** log2_k * K_SCALE)
-
-
-PAPER_MULTITASK_BASE = "c4_iid_denoising"
-# objective variants registered on C4 for --scale paper (c4_<name>): the built-in corpus
-# objectives and this module's rate / span variants
-C4_OBJECTIVES = ("span_corruption", "iid_denoising", "bert_denoising", "mass_denoising",
-                 "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm")
 
 
 def paper_multitask_members() -> list[str]:

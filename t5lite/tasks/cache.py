@@ -21,12 +21,13 @@ from typing import Sequence
 import seqio
 import tensorflow as tf
 
+from t5lite import dataprep
 from t5lite.errors import UserError
-from t5lite.tasks import local_data, pipeline
+from t5lite.tasks import pipeline
 
 
 def default_cache_dir(cache_dir: str = "") -> str:
-    return cache_dir or os.path.join(local_data.data_dir(), "seqio_cache")
+    return cache_dir or os.path.join(dataprep.data_dir(), "seqio_cache")
 
 
 def use_cache_dir(cache_dir: str = "") -> str:

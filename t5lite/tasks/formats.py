@@ -251,22 +251,6 @@ def register_glue(data_dir: str, tasks: Sequence[str] = tuple(GLUE), prefix: str
     return names
 
 
-def register_glue_tfds(tasks: Sequence[str] = tuple(GLUE), prefix: str = "glue_",
-                       vocabulary: Union[str, seqio.Vocabulary] = "t5",
-                       version: str = "2.0.0") -> list[str]:
-    """The same tasks from TFDS (glue/<task>:<version>; needs the TFDS data dir prepared)."""
-    names = []
-    for t in tasks:
-        b = GLUE[t]
-        splits = (["train", "validation_matched", "validation_mismatched"] if t == "mnli"
-                  else ["train", "validation"])
-        _text_task(prefix + t, seqio.TfdsDataSource(f"glue/{t}:{version}", splits=splits),
-                   [functools.partial(text_to_text, benchmark=b)], vocabulary, b.metric_fns,
-                   postprocessor(b))
-        names.append(prefix + t)
-    return names
-
-
 def register_superglue(data_dir: str, tasks: Sequence[str] = tuple(SUPERGLUE),
                        prefix: str = "super_glue_",
                        vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:

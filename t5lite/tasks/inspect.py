@@ -42,7 +42,7 @@ def _needs(task) -> list[str]:
 
 def task_rows() -> list[dict]:
     """Per task and mixture: {"cells": [name, kind, features, vocabulary, metrics / members],
-    "needs": [dataset, ...]} (JSON-able: t5lite/listings.py caches it)."""
+    "needs": [dataset, ...]}, from seqio's registries (t5lite/task_catalog.py must agree)."""
     import t5lite.tasks  # noqa: F401
     rows = []
     for name in sorted(seqio.TaskRegistry.names()):

@@ -39,11 +39,6 @@ def string_to_float(output, example=None, is_target=False, default=float("nan"))
         return default
 
 
-def lower_text(output, example=None, is_target=False):
-    del example, is_target
-    return _text(output).lower()
-
-
 def qa_answers(output, example=None, is_target=False):
     """SQuAD: targets are all reference answers (from the example's ``answers``)."""
     if is_target and example is not None and "answers" in example:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 from typing import Mapping, Optional
@@ -11,22 +10,9 @@ from typing import Mapping, Optional
 import seqio
 import tensorflow as tf
 
+from t5lite import dataprep, pyfiles
 from t5lite.errors import UserError
 from t5lite.tasks import converters
-
-
-def _import_file(path: str) -> None:
-    key = "t5lite_user_tasks_" + os.path.splitext(os.path.basename(path))[0]
-    if key in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(key, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[key]
-        raise
 
 
 def import_task_modules(modules) -> None:
@@ -34,7 +20,8 @@ def import_task_modules(modules) -> None:
     for name in modules:
         try:
             if name.endswith(".py"):
-                _import_file(os.path.abspath(name))
+                pyfiles.load(os.path.abspath(name), "t5lite_user_tasks_"
+                             + os.path.splitext(os.path.basename(name))[0], keep=True)
             else:
                 if os.getcwd() not in sys.path:
                     sys.path.insert(0, os.getcwd())
@@ -84,8 +71,7 @@ def get_dataset(mixture_or_task: str, feature_lengths: Mapping[str, int], archit
     ``use_cached``: read the output of `t5lite data cache` (seqio's cache format) from
     ``cache_dir`` (default <data dir>/seqio_cache) instead of preprocessing on the fly.
     """
-    if data_dir:
-        os.environ["T5LITE_DATA_DIR"] = data_dir
+    dataprep.use_data_dir(data_dir)
     provider = get_mixture_or_task(mixture_or_task)
     feats = task_features(provider)
     converter = converters.make_converter(architecture, feats, pack=pack,

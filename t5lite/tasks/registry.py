@@ -1,6 +1,6 @@
 """t5lite's tasks and mixtures, registered with seqio's TaskRegistry / MixtureRegistry.
 
-Registering reads nothing from disk: the files under the data dir (local_data.data_dir()) are
+Registering reads nothing from disk: the files under the data dir (dataprep.data_dir()) are
 located when a dataset is built, and a missing file raises UserError naming the
 `t5lite data prepare NAME` command that builds it.
 
@@ -18,12 +18,13 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import seqio
 import tensorflow as tf
 
+from t5lite import dataprep, task_catalog
 from t5lite.errors import UserError
-from t5lite.tasks import local_data, metrics, objectives
+from t5lite.tasks import metrics, objectives
 
 TaskRegistry, MixtureRegistry = seqio.TaskRegistry, seqio.MixtureRegistry
-DEFAULT_VOCAB = "t5lite_sp8k"
-VOCAB_SUFFIX = {"t5lite_sp8k": "", "t5": "_t5", "gpt2": "_gpt2", "bert": "_bert"}
+DEFAULT_VOCAB = task_catalog.DEFAULT_VOCAB
+VOCAB_SUFFIX = task_catalog.VOCAB_SUFFIX
 
 
 # ----------------------------------------------------------------------------- sources
@@ -36,7 +37,7 @@ class _LocalPaths(Mapping):
         self._dataset, self._rel = dataset, dict(split_to_relpath)
 
     def __getitem__(self, split):
-        path = os.path.join(local_data.data_dir(), self._rel[split])
+        path = os.path.join(dataprep.data_dir(), self._rel[split])
         if not os.path.exists(path):
             raise UserError(f"{path} does not exist: run `t5lite data prepare {self._dataset}` "
                             "(or set $T5LITE_DATA_DIR / data.data_dir to where it was built).")
@@ -228,13 +229,8 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
 
 
 # name -> (text-to-text prefix, metric_fns, label names or None)
-FINETUNE = {
-    "sentiment": ("sst2 sentence:", [metrics.accuracy], ("negative", "positive")),
-    "translate_en_de": ("translate English to German:", [metrics.bleu], None),
-    "summarize_debian": ("summarize:", [metrics.rouge], None),
-    "topic_debian": ("topic:", [metrics.accuracy], None),
-    "topic_brown": ("genre:", [metrics.accuracy], None),
-}
+FINETUNE = {name: (prefix, [getattr(metrics, m) for m in metric_names], labels)
+            for name, (prefix, metric_names, labels) in task_catalog.FINETUNE.items()}
 
 
 def register_finetune_task(name: str, dataset: str, prefix: str,
@@ -304,24 +300,22 @@ def register_mixture(name: str, tasks: Sequence[str], rate: Union[str, float, Ca
 
 
 def register_builtin():
+    """The built-in tasks of t5lite/task_catalog.py (which `t5lite tasks list` reads)."""
     for objective in OBJECTIVES:
         register_pretraining_task(f"corpus_{objective}", objective)
-    for objective in ("span_corruption", "iid_denoising", "prefix_lm"):
-        register_pretraining_task(f"corpus_{objective}_t5", objective, vocabulary="t5")
-    for objective in ("lm", "prefix_lm"):
-        register_pretraining_task(f"corpus_{objective}_gpt2", objective, vocabulary="gpt2")
-    for objective in ("mlm", "mlm_only", "spanbert"):
-        register_pretraining_task(f"corpus_{objective}_bert", objective, vocabulary="bert")
+    for vocab, names in task_catalog.OTHER_VOCAB_OBJECTIVES.items():
+        for objective in names:
+            register_pretraining_task(f"corpus_{objective}{VOCAB_SUFFIX[vocab]}", objective,
+                                      vocabulary=vocab)
     for dataset, (prefix, fns, _) in FINETUNE.items():
-        for vocab in ("t5lite_sp8k", "t5", "gpt2"):
+        for vocab in task_catalog.FINETUNE_VOCABS:
             register_finetune_task(dataset + VOCAB_SUFFIX[vocab], dataset, prefix, fns,
                                    vocabulary=vocab)
-    for vocab in ("t5lite_sp8k", "bert"):
+    for vocab in task_catalog.CLASSIFICATION_VOCABS:
         register_classification_task("sentiment_cls" + VOCAB_SUFFIX[vocab], "sentiment",
                                      FINETUNE["sentiment"][2], vocabulary=vocab)
     local = list(FINETUNE)
-    register_mixture("finetune_local", local, "proportional")
-    register_mixture("finetune_local_temperature", local, "temperature")
-    register_mixture("finetune_local_equal", local, "equal")
+    for name, rate in task_catalog.LOCAL_MIXTURES.items():
+        register_mixture(name, local, rate)
     register_mixture("pretrain_finetune_local", ["corpus_span_corruption"] + local,
                      "proportional")

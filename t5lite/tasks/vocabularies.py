@@ -23,8 +23,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from t5lite import dataprep
 from t5lite.errors import UserError
-from t5lite.tasks import local_data
 
 
 class LocalSentencePieceVocabulary(seqio.SentencePieceVocabulary):
@@ -36,12 +36,12 @@ class LocalSentencePieceVocabulary(seqio.SentencePieceVocabulary):
 
     @property
     def sentencepiece_model_file(self) -> str:
-        return local_data.require(self._prepare_name, self._rel_path)
+        return dataprep.require(self._prepare_name, self._rel_path)
 
     def _model_context(self):
         # Reload when the data dir changed since the model was loaded (a process that moves
         # $T5LITE_DATA_DIR, e.g. tests, would otherwise keep the first dir's vocabulary).
-        root = local_data.data_dir()
+        root = dataprep.data_dir()
         if self._model is None or getattr(self, "_loaded_from", None) != root:
             self._model = None
             self._sentencepiece_model_file = self.sentencepiece_model_file
@@ -94,7 +94,7 @@ class GPT2Vocabulary(seqio.Vocabulary):
     def encoding(self):
         if self._enc is None:
             import tiktoken
-            path = local_data.require("vocab_gpt2", "vocab/gpt2/encoder.json")
+            path = dataprep.require("vocab_gpt2", "vocab/gpt2/encoder.json")
             with open(path, encoding="utf-8") as f:
                 encoder = json.load(f)
             byte_of = {c: b for b, c in _bytes_to_unicode().items()}
@@ -183,7 +183,7 @@ class BertVocabulary(seqio.Vocabulary):
 
     @property
     def vocab_file(self) -> str:
-        return local_data.require("vocab_bert", "vocab/bert/vocab.txt")
+        return dataprep.require("vocab_bert", "vocab/bert/vocab.txt")
 
     @property
     def tf_tokenizer(self):

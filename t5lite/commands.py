@@ -1,0 +1,309 @@
+"""What the CLI verbs do: load a checkpoint, call the library, print tables, read input lines
+(files or stdin) and write output files. cli.py parses flags and calls one function here; the
+library modules (evaluation, fewshot, convert, checkpointing) return values and print nothing
+a user asked for. Heavy imports (jax, seqio, TF) stay inside the functions that need them, so
+importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from t5lite.errors import UserError
+
+
+def format_table(rows: Sequence[tuple[str, str]]) -> str:
+    w = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a.ljust(w)}  {b}" for a, b in rows)
+
+
+# ----------------------------------------------------------------------------- train, compile, ...
+
+
+def train_command(config: str, overrides: Sequence[str], workdir: str = "",
+                  print_config: bool = False, allow_config_change: bool = False) -> None:
+    """`t5lite train`: train (or resume) in ``workdir``; ``print_config``: print the resolved,
+    checked config as JSON and train nothing."""
+    from t5lite import config as config_lib
+    if print_config:
+        print(json.dumps(config_lib.to_dict(config_lib.load_config(config, overrides)),
+                         indent=2))
+        return
+    if not workdir:
+        raise UserError("`t5lite train` needs --workdir DIR (or --print-config to only show "
+                        "the resolved config).")
+    from t5lite import trainer
+    cfg = config_lib.load_config(config, overrides)
+    trainer.train(cfg, workdir, allow_config_change=allow_config_change)
+
+
+def plot_command(workdirs: Sequence[str], output: str = "", size: str = "1400x900",
+                 labels: Sequence[str] = ()) -> str:
+    """`t5lite plot`: the PNG (default WORKDIR/metrics.png for one run, ./metrics.png for
+    several); prints where it went."""
+    from t5lite import plot
+    out = output or (os.path.join(workdirs[0], "metrics.png") if len(workdirs) == 1
+                     else "metrics.png")
+    plot.plot_runs(workdirs, out, size=size, labels=labels)
+    print(f"wrote {out}")
+    return out
+
+
+def ablate_command(table: Optional[str], workdir: Optional[str], rows: Sequence[str] = (),
+                   tasks: Sequence[str] = (), scale: Optional[str] = None,
+                   overrides: Sequence[str] = (), seeds: int = 1, dry_run: bool = False,
+                   list_tables: bool = False, estimate: bool = False,
+                   topology: str = "") -> None:
+    """`t5lite ablate`: list the tables, estimate a table's cost, or run its rows (scale
+    default: paper for an estimate, tiny for a run)."""
+    from t5lite import ablations
+    if list_tables:
+        print(ablations.list_tables())
+        return
+    if not table or not (workdir or estimate or topology):
+        raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list, or "
+                        "--estimate).")
+    if estimate or topology:
+        ablations.estimate(table, rows=rows, tasks=tasks, scale=scale or "paper",
+                           overrides=overrides, seeds=seeds, topology=topology)
+        return
+    ablations.run(table, workdir, rows=rows, tasks=tasks, scale=scale or "tiny",
+                  overrides=overrides, dry_run=dry_run, seeds=seeds)
+
+
+def compile_command(config_name: str, topology: str, overrides=(), as_json=False,
+                    do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
+    """`t5lite compile`: one report (or a search) for a config on a TPU topology, as JSON
+    (one object on stdout) or text."""
+    from t5lite import aot
+    from t5lite import config as config_lib
+    topo = aot.parse_topology(topology)
+    aot.require_libtpu()
+    cfg = config_lib.load_config(config_name, list(overrides))
+    hbm = int(hbm_gib * aot.GiB) if hbm_gib > 0 else 0
+    if decode:
+        if do_search:
+            raise UserError("--search explores training settings; drop it with --decode")
+        r = aot.compile_decode(cfg, topo, hbm_bytes=hbm)
+        out(json.dumps(r) if as_json else aot.format_decode_report(r))
+        return r
+    if do_search:
+        res = aot.search(cfg, topo, hbm, log=(lambda s: print(s, file=sys.stderr)) if as_json
+                         else out)
+        if as_json:
+            out(json.dumps({k: v for k, v in res.items() if k != "tried"}, default=str))
+        elif res["best"]:
+            out("fitting, fastest first:")
+            for r in res["candidates"]:
+                out(f"  {r['est_step_seconds'] * 1e3:8.2f} ms  est MFU {r['est_mfu']:.1%}  "
+                    f"{r['bytes_per_chip']['total'] / aot.GiB:6.2f} GiB  --set "
+                    + " --set ".join(r["set"]))
+            out(aot.format_report(res["best"]))
+        else:
+            out(res["why_none"])
+        return res
+    r = aot.compile_step(cfg, topo, hbm_bytes=hbm)
+    out(json.dumps(r) if as_json else aot.format_report(r))
+    return r
+
+
+# ----------------------------------------------------------------------------- eval, infer
+
+
+def eval_command(checkpoint: str, task: str, split: str = "validation", max_examples: int = 0,
+                 overrides: Sequence[str] = ()) -> dict:
+    """`t5lite eval`: print a table of the task's metrics for the checkpoint."""
+    from t5lite import evaluation
+    cfg, model, params = evaluation.load(checkpoint, overrides)
+    t0 = time.time()
+    metrics = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split,
+                                  max_examples=max_examples)
+    rows = [("metric", "value")] + [(k, f"{v:.2f}") for k, v in sorted(metrics.items())]
+    d = cfg.decode
+    how = (f"decode={d.method}" + (f" beams={d.beams} alpha={d.alpha}" if d.method == "beam"
+                                   else "")
+           + (f" num_samples={d.num_samples}" if d.method == "self_consistency" else "")
+           + f" max_length={d.max_length}")
+    if cfg.model.num_classes > 0:
+        how = "argmax of the classification head"
+    print(format_table(rows))
+    print(f"({checkpoint}, split={split}, {how}, {time.time() - t0:.1f}s)")
+    return metrics
+
+
+def fewshot_command(checkpoint: str, task: str, shots: int, split: str = "validation",
+                    max_examples: int = 0, template: str = "", label_words: str = "",
+                    scoring: str = "rank", context_length: int = 0,
+                    overrides: Sequence[str] = (), data_dir: Optional[str] = None) -> dict:
+    """`t5lite eval --shots K`: print the in-context accuracy of a checkpoint on a task."""
+    from t5lite import evaluation, fewshot
+    cfg, model, params = evaluation.load(checkpoint, overrides)
+    if cfg.model.architecture == "encoder_only":
+        raise UserError("few-shot prompting needs a generative model (GPT / T5), not an "
+                        "encoder_only checkpoint.")
+    if shots < 0:
+        raise UserError(f"--shots must be >= 0, got {shots}.")
+    t0 = time.time()
+    train = fewshot.read_split(task, "train", data_dir or "")
+    examples = fewshot.read_split(task, split, data_dir or "")
+    if 0 < max_examples < len(examples):  # a seeded sample: split files may be label-sorted
+        keep = np.random.default_rng(cfg.decode.seed).choice(len(examples), max_examples,
+                                                             replace=False)
+        examples = [examples[i] for i in sorted(keep)]
+    words = fewshot.parse_label_words(label_words, fewshot.labels(task, train))
+    tmpl = fewshot.get_template(task, template)
+    in_vocab, out_vocab, _ = evaluation.io_vocabularies(cfg)
+    answer_len = max(len(out_vocab.encode(tmpl.answer.format(label=w))) for w in words.values())
+    m = cfg.model
+    # the answer (+ EOS) is all that is scored or generated
+    cfg.decode.max_length = min(cfg.decode.max_length, answer_len + 2)
+    length = context_length or max(cfg.data.feature_lengths.values())
+    if m.position == "learned":  # decoder-only rows: BOS + prompt + answer
+        length = min(length, m.max_length - (m.architecture != "encoder_decoder")
+                     * (cfg.decode.max_length + 1))
+    cfg.data.feature_lengths = {"inputs": length, "targets": answer_len + 1}
+    predictor = evaluation.Predictor(cfg, model, params, int(out_vocab.eos_id))
+    metrics = fewshot.evaluate_fewshot(predictor, in_vocab, out_vocab, task, train, examples,
+                                       shots, tmpl, words, scoring, seed=cfg.decode.seed)
+    metrics.pop("predictions")
+    rows = [("metric", "value")] + [(k, f"{v:.2f}") for k, v in sorted(metrics.items())]
+    print(format_table(rows))
+    print(f"({checkpoint}, split={split}, {shots}-shot, scoring={scoring}, "
+          f"template={tmpl.prompt!r}, label words={words}, context={length} tokens, "
+          f"{len(examples)} examples, {time.time() - t0:.1f}s)")
+    return metrics
+
+
+def _read_lines(path: str) -> list[str]:
+    """Non-empty lines of a UTF-8 text file (or stdin); binary or non-UTF-8 input is a
+    UserError naming the first bad line."""
+    if path == "-":
+        stdin = getattr(sys.stdin, "buffer", None)  # a text stream (tests) has none
+        data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8")
+    else:
+        if not os.path.exists(path):
+            raise UserError(f"--input {path} does not exist.")
+        if os.path.isdir(path):
+            raise UserError(f"--input {path} is a directory; give a text file, one input per "
+                            "line")
+        with open(path, "rb") as f:
+            data = f.read()
+    raw = data.split(b"\n")
+    for i, line in enumerate(raw, 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"--input {path} line {i} is not UTF-8 text (byte "
+                            f"{line[e.start]:#04x} at column {e.start + 1}); give a UTF-8 "
+                            "text file, one input per line") from None
+        if "\x00" in text:
+            raise UserError(f"--input {path} line {i} contains NUL bytes: it looks like a "
+                            "binary file; give a UTF-8 text file, one input per line")
+    lines = data.decode("utf-8").splitlines()
+    lines = [x for x in lines if x.strip()]
+    if not lines:
+        raise UserError(f"--input {path} has no non-empty lines.")
+    return lines
+
+
+def _check_output(path: str) -> None:
+    if path == "-":
+        return
+    if os.path.isdir(path):
+        raise UserError(f"--output {path} is a directory; give a file path for the JSONL "
+                        f"predictions (e.g. {os.path.join(path, 'predictions.jsonl')})")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise UserError(f"--output {path}: {parent} is a file, not a directory")
+
+
+def _check_prefix(cfg, lines: Sequence[str], prefix: str, mode: str) -> None:
+    """Warn when the checkpoint's finetuning task has a known text-to-text prefix that neither
+    --prefix nor the input lines carry: the model never saw inputs without it."""
+    from t5lite.tasks import registry
+    task = cfg.data.mixture_or_task
+    known = next((p for name, (p, _, _) in registry.FINETUNE.items()
+                  if task in {name + sfx for sfx in registry.VOCAB_SUFFIX.values()}), None)
+    if not known or prefix.strip():
+        return
+    inputs = [x.split("\t", 1)[0] for x in lines] if mode == "score" else lines
+    if any(not x.startswith(known) for x in inputs):
+        print(f"t5lite: warning: this checkpoint was finetuned on {cfg.data.mixture_or_task!r}, "
+              f"whose inputs start with {known!r}; some input lines do not. Pass --prefix "
+              f"{known!r} (or add it to the lines).", file=sys.stderr, flush=True)
+
+
+def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
+                  mode: str = "predict", options: Sequence[str] = (),
+                  overrides: Sequence[str] = (), prefix: str = "") -> list[dict]:
+    """`t5lite infer`: one JSON line per input line (evaluation.infer's records) to
+    ``output_path`` or stdout; ``input_path`` "-" reads stdin."""
+    from t5lite import evaluation
+    import t5lite.tasks  # noqa: F401
+    _check_output(output_path)  # before loading and decoding: a mistake costs nothing
+    lines = _read_lines(input_path)
+    cfg, model, params = evaluation.load(checkpoint, overrides)
+    _check_prefix(cfg, lines, prefix, mode)
+    records = evaluation.infer(cfg, model, params, lines, mode, options, prefix)
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if output_path == "-":
+        sys.stdout.write(text)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+        with open(output_path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return records
+
+
+# ----------------------------------------------------------------------------- convert
+
+
+def import_hf_command(src: str, dst: str) -> None:
+    """`t5lite convert import SRC DST`: HF dir -> params-only checkpoint dir."""
+    import jax
+    from t5lite import checkpointing, convert
+    cfg, params = convert.hf_to_t5lite(src)
+    checkpointing.save_params_dir(dst, cfg, params)
+    n = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    arch = convert.hf_architecture(convert.read_hf_config(src))
+    print(f"imported {arch} from {src}: {n:,} params, {cfg.model.architecture} -> {dst} "
+          "(config.json + params/)")
+
+
+def export_hf_command(src: str, dst: str) -> None:
+    """`t5lite convert export SRC DST`: params-only dir / workdir / step dir -> HF dir."""
+    from t5lite import checkpointing, convert, progress
+    with progress.quiet_absl():
+        cfg, params = checkpointing.load_params(src)
+    p = cfg.model.peft
+    if p.lora_rank and not (p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3):
+        merged = src.rstrip("/") + "_merged"
+        raise UserError(f"{src} is a LoRA run: merge LoRA into the base weights first with "
+                        f"`t5lite convert merge-lora {src} {merged}`, then `t5lite convert "
+                        f"export {merged} {dst}`.")
+    convert.t5lite_to_hf(cfg, params, dst)
+    print(f"exported {src} as {convert.config_to_hf(cfg.model)['architectures'][0]} -> {dst} "
+          "(config.json + model.safetensors; load with from_pretrained)")
+
+
+def merge_lora_command(src: str, dst: str) -> None:
+    """`t5lite convert merge-lora SRC DST`: a LoRA checkpoint (anything load_params reads) ->
+    a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
+    infer and init_from."""
+    import jax
+    from t5lite import checkpointing, progress
+    from t5lite.models import peft
+
+    with progress.quiet_absl():
+        cfg, params = checkpointing.load_params(src)
+    cfg, params = peft.merge_lora(cfg, params)
+    checkpointing.save_params_dir(dst, cfg, jax.tree.map(np.asarray, params))
+    print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "
+          f"export it with `t5lite convert export {dst} HF_DIR`")

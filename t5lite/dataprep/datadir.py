@@ -1,0 +1,44 @@
+"""The data directory: where prepared data lives (CONTRACTS.md "Tasks and data").
+
+`data_dir()` resolves it for every reader; `use_data_dir()` is the one function that sets it for
+the process; `require()` locates one prepared file.
+"""
+
+from __future__ import annotations
+
+import os
+
+from t5lite.errors import UserError
+
+ENV = "T5LITE_DATA_DIR"
+
+
+def data_dir(override: str = "") -> str:
+    """override, else $T5LITE_DATA_DIR, else ~/.cache/t5lite (CONTRACTS.md)."""
+    d = override or os.environ.get(ENV, "") or os.path.join(
+        os.path.expanduser("~"), ".cache", "t5lite")
+    return os.path.abspath(os.path.expanduser(d))
+
+
+def use_data_dir(override: str = "") -> None:
+    """Makes ``override`` (when given) the data dir of this process.
+
+    seqio tasks are registered once per process, and their sources and vocabularies locate
+    their files when a dataset is built (registry.LocalTextLineSource, vocabularies.py), not
+    when they are registered: they cannot be handed the directory, so they read it through
+    data_dir() from $T5LITE_DATA_DIR. This is the one writer of that variable; each entry point
+    that is given a data dir (the CLI's `data` command, trainer.train, evaluation.load,
+    pipeline.get_dataset) calls it once. URLs (gs://...) are kept as they are.
+    """
+    if override:
+        os.environ[ENV] = override if "://" in override else data_dir(override)
+
+
+def require(name: str, rel: str, override: str = "") -> str:
+    """Absolute path of a prepared file, or a UserError saying how to prepare it."""
+    root = data_dir(override)
+    path = os.path.join(root, rel)
+    if not os.path.exists(path):
+        raise UserError(f"{rel} is not prepared in {root}. Run `t5lite data prepare {name}` "
+                        "(or set $T5LITE_DATA_DIR / data.data_dir to where it was prepared).")
+    return path

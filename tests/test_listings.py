@@ -1,0 +1,63 @@
+"""`t5lite models` and `t5lite tasks list` without TensorFlow: the task catalog agrees with
+seqio's registries, and the one-layer parameter count with the full trace."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from t5lite import config as config_lib
+from t5lite import task_catalog
+from t5lite.models import _counts, abstract_params, layerwise_counts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_models_and_tasks_list_do_not_import_tensorflow(tmp_path):
+    script = (
+        "import json, sys\n"
+        "from t5lite import cli\n"
+        "codes = [cli.main(['models']), cli.main(['tasks', 'list'])]\n"
+        "heavy = sorted(m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') "
+        "if m in sys.modules)\n"
+        "print(json.dumps({'codes': codes, 'heavy': heavy}))\n")
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+               T5LITE_DATA_DIR=str(tmp_path / "data"), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               HOME=str(tmp_path))  # a cold start: nothing cached anywhere
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *table, last = proc.stdout.strip().splitlines()
+    assert json.loads(last) == {"codes": [0, 0], "heavy": []}
+    out = "\n".join(table)
+    assert "t5_1_0_small" in out and "60.5M" in out  # models
+    assert "corpus_span_corruption" in out and "prepare corpus,vocab_sp8k" in out  # tasks
+
+
+def test_task_catalog_is_what_seqio_registers():
+    """Every built-in task and mixture, as `tasks list` shows it, equals the seqio registry's
+    (a task registered without its task_catalog row, or with another one, fails here)."""
+    from t5lite.tasks import inspect
+    live = inspect.task_rows()
+    catalog = [{"cells": r.cells(), "needs": list(r.needs)} for r in task_catalog.rows()]
+    names = {r["cells"][0] for r in catalog}, {r["cells"][0] for r in live}
+    assert names[0] == names[1], (
+        f"registered but not in t5lite/task_catalog.py: {sorted(names[1] - names[0])}; "
+        f"in the catalog but not registered: {sorted(names[0] - names[1])}")
+    assert catalog == live
+
+
+@pytest.mark.parametrize("name", ["t5_1_0_tiny", "t5_1_1_tiny", "bert_tiny", "gpt2_tiny",
+                                  "tiny_gpt_classify", "tiny_bert_sentiment"])
+def test_layerwise_counts_equal_the_full_trace(name):
+    cfg = config_lib.load_config(name).model
+    assert layerwise_counts(cfg) == _counts(abstract_params(cfg))
+
+
+@pytest.mark.slow
+def test_layerwise_counts_of_every_model_config():
+    for name in sorted(n for n in config_lib.available_configs() if "/" not in n):
+        cfg = config_lib.load_config(name).model
+        assert layerwise_counts(cfg) == _counts(abstract_params(cfg)), name
