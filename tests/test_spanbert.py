@@ -208,7 +208,7 @@ def test_sbo_head_shapes_params_and_loss():
     cfg = _tiny_spanbert_cfg()
     model = build_model(cfg.model)
     batch = dummy_batch(cfg.model, 2, {"inputs": 32})
-    params = meta.unbox(model.init({"params": jax.random.key(0)}, batch)["params"])
+    params = meta.unbox(jax.jit(model.init)({"params": jax.random.key(0)}, batch)["params"])
     shapes = jax.tree.map(lambda x: x.shape, params["sbo"])
     assert shapes["dense_0"]["kernel"] == (96, 32) and shapes["dense_1"]["kernel"] == (32, 32)
     assert shapes["position_embedder"]["embedding"] == (9, 32)
@@ -221,20 +221,20 @@ def test_sbo_head_shapes_params_and_loss():
     batch = {"encoder_input_tokens": tokens, "encoder_target_tokens": tokens,
              "encoder_loss_weights": w, "encoder_span_left": 4 * w, "encoder_span_right": 8 * w,
              "encoder_span_offset": w * (np.arange(32) - 4)}
-    out = model.apply({"params": params}, batch)
+    apply = jax.jit(lambda b: model.apply({"params": params}, b))  # one compile per key set
+    out = apply(batch)
     assert out["sbo_logits"].shape == out["logits"].shape == (2, 32, 128)
     no_spans = {k: v for k, v in batch.items() if "span" not in k}
-    assert "sbo_logits" not in model.apply({"params": params}, no_spans)
+    assert "sbo_logits" not in apply(no_spans)
     # its own head (not the MLM logits), reading the boundaries and the offset
     base = np.asarray(out["sbo_logits"][:, 5:8])
     assert not np.allclose(base, out["logits"][:, 5:8])
     for change in (dict(encoder_span_left=3 * w), dict(encoder_span_right=9 * w),
                    dict(encoder_span_offset=w * (np.arange(32) - 3))):
-        again = model.apply({"params": params}, dict(batch, **change))["sbo_logits"][:, 5:8]
-        assert not np.allclose(base, again)
-        np.testing.assert_array_equal(out["logits"], model.apply(
-            {"params": params}, dict(batch, **change))["logits"])
-    loss, metrics = losses.compute_loss(cfg, out, batch)
+        changed = apply(dict(batch, **change))
+        assert not np.allclose(base, changed["sbo_logits"][:, 5:8])
+        np.testing.assert_array_equal(out["logits"], changed["logits"])
+    loss, metrics = jax.jit(lambda o, b: losses.compute_loss(cfg, o, b))(out, batch)
     np.testing.assert_allclose(loss, metrics["mlm_loss"] + metrics["sbo_loss"], rtol=1e-6)
     assert metrics["sbo_loss"] > 1.0 and "sbo_accuracy" in metrics
 
