@@ -82,6 +82,10 @@ class ModelConfig:
     num_classes: int = 0  # >0 adds a classification head (see heads in architectures.py)
     num_token_classes: int = 0  # >0: per-token tagging head (BIO), "token_logits" [B, L, C]
     span_head: bool = False  # QA span extraction head: "start_logits" / "end_logits" [B, L]
+    # SpanBERT's Span Boundary Objective head (models/sbo.py): "sbo_logits" when the batch
+    # has encoder_span_* features (task corpus_spanbert); offsets beyond the table share its end
+    sbo_head: bool = False
+    sbo_max_span_length: int = 32
     # BERT MLM: 0 = vocabulary logits at every position (Hugging Face); f in (0, 1] = only at
     # the first N = ceil(f * L) positions per row with a nonzero encoder_loss_weight (Google
     # BERT's max_predictions_per_seq, e.g. 20 of 128): the [B, L, V] output layer shrinks to

@@ -184,7 +184,8 @@ def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
     - a finetuning head's outputs present ("class_logits", "token_logits", "start_logits"):
       those heads' losses only (head_losses).
     - otherwise token cross entropy over the target tokens (LM / T5 / BERT MLM), plus the NSP
-      loss when "nsp_logits" is present (BERT pretraining).
+      loss when "nsp_logits" is present (BERT pretraining) and the SBO loss (same targets and
+      weights) when "sbo_logits" is (SpanBERT).
     """
     if norms is None:
         norms = normalizers(cfg, batch)
@@ -212,10 +213,18 @@ def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
     metrics["accuracy"] = jnp.sum(correct) / norms["tokens"]
     metrics["num_tokens"] = jnp.sum(weights)
 
+    if "sbo_logits" in outputs:  # SpanBERT: loss = MLM + SBO, both over the masked tokens
+        sbo_ce, _ = cross_entropy_with_logits(outputs["sbo_logits"], targets,
+                                              cfg.train.label_smoothing)
+        metrics["mlm_loss"] = loss
+        metrics["sbo_loss"] = jnp.sum(sbo_ce * weights) / norms["loss"]
+        metrics["sbo_accuracy"] = jnp.sum(_is_top1(outputs["sbo_logits"], targets)
+                                          * weights) / norms["tokens"]
+        loss = loss + metrics["sbo_loss"]
     if "nsp_logits" in outputs:
         nsp_ce, _ = cross_entropy_with_logits(outputs["nsp_logits"], batch["nsp_labels"])
         nsp = jnp.sum(nsp_ce) / norms["examples"]
-        metrics["mlm_loss"] = loss
+        metrics.setdefault("mlm_loss", loss)
         metrics["nsp_loss"] = nsp
         metrics["nsp_accuracy"] = jnp.sum(
             jnp.argmax(outputs["nsp_logits"], -1) == batch["nsp_labels"]) / norms["examples"]

@@ -28,6 +28,8 @@ LAYOUT_FEATURES = {
     "lm": ("targets",),
     "bert": ("inputs", "targets", "loss_weights"),
     "bert_nsp": ("inputs", "targets", "loss_weights", "token_type_ids", "nsp_labels"),
+    "bert_span": ("inputs", "targets", "loss_weights", "span_left", "span_right",
+                  "span_offset"),
 }
 # registry.OBJECTIVES (preprocessors, layout, description) -> corpus_<objective>: the layouts
 # again here, as the listing needs them without seqio (the catalog test compares the two)
@@ -35,7 +37,7 @@ OBJECTIVE_LAYOUTS = {
     "span_corruption": "encdec", "iid_denoising": "encdec", "bert_denoising": "encdec",
     "mass_denoising": "encdec", "drop_tokens": "encdec", "deshuffling": "encdec",
     "prefix_lm": "prefix", "lm": "lm", "iid_denoising_lm": "lm", "mlm": "bert_nsp",
-    "mlm_only": "bert",
+    "mlm_only": "bert", "spanbert": "bert_span",
 }
 # BART's noising (objectives.bart_denoising): corpus_<name> and, for --scale paper, c4_<name>
 BART_OBJECTIVES = ("bart_infilling", "bart_permutation", "bart_deletion", "bart_rotation",
@@ -43,7 +45,7 @@ BART_OBJECTIVES = ("bart_infilling", "bart_permutation", "bart_deletion", "bart_
 OBJECTIVE_LAYOUTS.update({name: "encdec" for name in BART_OBJECTIVES})
 # corpus_<objective>_<vocab> registered besides corpus_<objective> (the default vocabulary)
 OTHER_VOCAB_OBJECTIVES = {"t5": ("span_corruption", "iid_denoising", "prefix_lm"),
-                          "gpt2": ("lm", "prefix_lm"), "bert": ("mlm", "mlm_only")}
+                          "gpt2": ("lm", "prefix_lm"), "bert": ("mlm", "mlm_only", "spanbert")}
 
 # local finetuning set -> (text-to-text prefix, metric names in tasks/metrics.py, label names)
 FINETUNE = {

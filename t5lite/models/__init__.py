@@ -45,6 +45,9 @@ def check(cfg) -> None:
     if cfg.num_classes > 0 and cfg.architecture == "encoder_decoder":
         raise UserError("model.num_classes>0 is for encoder_only / decoder_only models; T5 "
                         "classifies by generating the label text (set num_classes=0).")
+    if cfg.sbo_head and (cfg.architecture != "encoder_only" or cfg.sbo_max_span_length < 1):
+        raise UserError("model.sbo_head (SpanBERT) is a BERT head: use architecture="
+                        "encoder_only and model.sbo_max_span_length >= 1.")
     if (cfg.num_token_classes > 0 or cfg.span_head) and cfg.architecture != "encoder_only":
         raise UserError("model.num_token_classes / model.span_head are BERT heads: use "
                         "architecture=encoder_only (T5 tags or extracts spans as text).")
@@ -91,6 +94,8 @@ def dummy_batch(cfg, batch_size: int, feature_lengths: dict) -> dict:
             batch["encoder_token_type_ids"] = zeros(n)
         if cfg.nsp_head:
             batch["nsp_labels"] = np.zeros((batch_size,), np.int32)
+        if cfg.sbo_head:
+            batch.update({f"encoder_span_{k}": zeros(n) for k in ("left", "right", "offset")})
     else:
         n = (feature_lengths["targets"] if cfg.architecture == "encoder_decoder"
              else _decoder_length(cfg, feature_lengths))
@@ -134,7 +139,7 @@ def init_cache(model, params, batch_size: int, max_length: int, encoder_input_to
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
 
 
-HEAD_PREFIXES = ("mlm_", "nsp_", "class_", "token_dense", "span_dense")
+HEAD_PREFIXES = ("mlm_", "nsp_", "class_", "token_dense", "span_dense", "sbo")
 
 
 def abstract_params(cfg, feature_length: int = 8):

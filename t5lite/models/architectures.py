@@ -56,8 +56,9 @@ EncoderOnly (BERT: post-norm, embed_norm, token types, use_bias=True)::
     class_dense/{kernel [D, C], bias}                (num_classes > 0; on the pooled [CLS])
     token_dense/{kernel [D, C], bias}                (num_token_classes > 0; every token)
     span_dense/{kernel [D, 2], bias}                 (span_head: start / end logits)
+    sbo/...                                          (sbo_head: SpanBERT, see models/sbo.py)
 
-Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense) are what
+Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense, sbo) are what
 ``count_params(cfg, heads=False)`` leaves out.
 """
 
@@ -70,6 +71,7 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import layers as L
+from t5lite.models.sbo import SpanBoundaryHead
 from t5lite.models.transformer import Stack
 
 
@@ -186,6 +188,8 @@ class EncoderOnly(nn.Module):
             self.token_dense = _dense(cfg, cfg.num_token_classes, ("embed", "classes"))
         if cfg.span_head:
             self.span_dense = _dense(cfg, 2, ("embed", "classes"))
+        if cfg.sbo_head:
+            self.sbo = SpanBoundaryHead(cfg)
         self.head_dropout = nn.Dropout(cfg.dropout_rate)
 
     def __call__(self, batch, deterministic=True):
@@ -194,19 +198,19 @@ class EncoderOnly(nn.Module):
                              batch.get("encoder_segment_ids"), batch.get("encoder_token_type_ids"),
                              deterministic=deterministic)
         out = {}
-        m_BLD = x_BLD
+        m_BLD, pos_BK = x_BLD, None
         if cfg.mlm_predict_fraction and "encoder_loss_weights" in batch:
             k = math.ceil(cfg.mlm_predict_fraction * x_BLD.shape[1])
             pos_BK = mlm_positions(batch["encoder_loss_weights"], k)
             m_BLD = jnp.take_along_axis(x_BLD, pos_BK[..., None], axis=1)  # [B, K, D]
             out["logits_positions"] = pos_BK
-        h_BLD = self.mlm_norm(L.ACTIVATIONS[cfg.ffn](self.mlm_dense(m_BLD)))
-        if cfg.tie_embeddings:
-            logits_BLV = self.token_embedder.attend(h_BLD)
-        else:
-            logits_BLV = self.logits_dense(h_BLD)
-        logits_BLV = logits_BLV.astype(jnp.float32) + self.mlm_bias
-        out["logits"] = L.constrain(logits_BLV, ("batch", "length", "vocab"))
+        out["logits"] = self._vocab_logits(
+            self.mlm_norm(L.ACTIVATIONS[cfg.ffn](self.mlm_dense(m_BLD))))
+        if cfg.sbo_head and "encoder_span_offset" in batch:  # SpanBERT: at the MLM positions
+            spans = [batch[f"encoder_span_{k}"] for k in ("left", "right", "offset")]
+            if pos_BK is not None:
+                spans = [jnp.take_along_axis(s, pos_BK, axis=1) for s in spans]
+            out["sbo_logits"] = self._vocab_logits(self.sbo(x_BLD, *spans))
         cls_BD = x_BLD[:, 0]
         if cfg.pooler or cfg.nsp_head:
             cls_BD = jnp.tanh(self.pooler(cls_BD))
@@ -224,6 +228,15 @@ class EncoderOnly(nn.Module):
             span_BL2 = jnp.where(valid_BL, self.span_dense(h_BLD).astype(jnp.float32), L.NEG_INF)
             out["start_logits"], out["end_logits"] = span_BL2[..., 0], span_BL2[..., 1]
         return out
+
+    def _vocab_logits(self, h_BLD):
+        """The MLM output layer (tied embeddings or logits_dense, + mlm_bias), float32."""
+        if self.cfg.tie_embeddings:
+            logits_BLV = self.token_embedder.attend(h_BLD)
+        else:
+            logits_BLV = self.logits_dense(h_BLD)
+        return L.constrain(logits_BLV.astype(jnp.float32) + self.mlm_bias,
+                           ("batch", "length", "vocab"))
 
 
 def mlm_positions(weights_BL, k: int):

@@ -15,10 +15,13 @@ import tensorflow as tf
 from t5lite.errors import UserError
 
 _Spec = seqio.FeatureConverter.FeatureSpec
-SEQUENCE_EXTRAS = ("loss_weights", "token_type_ids")  # aligned with inputs, packable
+# SpanBERT's SBO features (objectives.span_mlm): boundary positions and offset in the span
+SPAN_EXTRAS = ("span_left", "span_right", "span_offset")
+SEQUENCE_EXTRAS = ("loss_weights", "token_type_ids") + SPAN_EXTRAS  # aligned with inputs
 EXAMPLE_EXTRAS = ("nsp_labels", "class_labels")  # one int per example: no packing
 _MODEL_NAMES = {"loss_weights": "encoder_loss_weights",
-                "token_type_ids": "encoder_token_type_ids"}
+                "token_type_ids": "encoder_token_type_ids",
+                **{f: f"encoder_{f}" for f in SPAN_EXTRAS}}
 
 
 class EncoderFeatureConverter(seqio.FeatureConverter):
@@ -77,6 +80,13 @@ class EncoderFeatureConverter(seqio.FeatureConverter):
                  "encoder_loss_weights": x.get("loss_weights", tf.zeros_like(x["inputs"]))}
             if "token_type_ids" in x:
                 d["encoder_token_type_ids"] = x["token_type_ids"]
+            if "span_offset" in x:
+                # boundaries are positions in the example; packed, it starts at i - position_i
+                start = (tf.range(tf.shape(x["inputs"])[0]) - x["inputs_positions"]
+                         if self.pack else 0)
+                for f in ("span_left", "span_right"):
+                    d[_MODEL_NAMES[f]] = tf.where(x["span_offset"] > 0, x[f] + start, 0)
+                d["encoder_span_offset"] = x["span_offset"]
             for f in EXAMPLE_EXTRAS:
                 if f in x:
                     d[f] = x[f]

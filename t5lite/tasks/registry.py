@@ -142,10 +142,13 @@ def text_features(vocab, inputs=True, inputs_eos=True) -> dict:
     return feats
 
 
-def bert_features(vocab, nsp: bool = False, mlm: bool = True, classes: bool = False) -> dict:
+def bert_features(vocab, nsp: bool = False, mlm: bool = True, classes: bool = False,
+                  spans: bool = False) -> dict:
     feats = {"inputs": seqio.Feature(vocab, add_eos=False)}
     if mlm:
         feats.update(targets=seqio.Feature(vocab, add_eos=False), loss_weights=_int_feature())
+    if spans:  # SpanBERT's span boundary features (objectives.span_mlm)
+        feats.update({k: _int_feature() for k in ("span_left", "span_right", "span_offset")})
     if nsp:
         feats.update(token_type_ids=_int_feature(), nsp_labels=_int_feature(rank=0))
     if classes:
@@ -191,6 +194,9 @@ OBJECTIVES = {
            ("masking", ("masking",), "token masking: 30% of tokens -> mask"),
            ("infilling_permutation", ("permutation", "infilling"),
             "text infilling + sentence permutation (the paper's final model)"))},
+    "spanbert": ([objectives.bert_single, objectives.span_mlm], "bert_span",
+                 "SpanBERT: whole-word spans (Geo(0.2) <= 10 words) to 15%, 80/10/10 per "
+                 "span, boundary features for SBO; no NSP, packable"),
 }
 
 
@@ -214,7 +220,8 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
                 "prefix": lambda: text_features(vocab, inputs_eos=False),
                 "lm": lambda: text_features(vocab, inputs=False),
                 "bert": lambda: bert_features(vocab),
-                "bert_nsp": lambda: bert_features(vocab, nsp=True)}[layout]()
+                "bert_nsp": lambda: bert_features(vocab, nsp=True),
+                "bert_span": lambda: bert_features(vocab, spans=True)}[layout]()
     # from_lines=False: the source already gives {"text": ...} (e.g. TFDS c4/en)
     pre = ([line_to_text] if from_lines else []) + [
         functools.partial(seqio.preprocessors.rekey, key_map={key: "text"}),
