@@ -802,7 +802,8 @@ def merge_lora_command(src: str, dst: str) -> None:
 
     with progress.quiet_absl():
         cfg, params = load_params(src)
-    cfg, params = peft.merge_lora(cfg, params)
+    mcfg, params = peft.merge_lora(cfg.model, params)
+    cfg = dataclasses.replace(cfg, model=mcfg)
     save_params_dir(cfg, params, dst)
     print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "
           f"export it with `t5lite convert export {dst} HF_DIR`")

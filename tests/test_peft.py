@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from flax import traverse_util
 from train_helpers import random_model_batch
 
 from t5lite import config as config_lib
@@ -52,8 +53,8 @@ def flat(params):
 
 def base_only(params):
     """The params without the PEFT leaves (what the base model has)."""
-    return peft.flax_unflatten({k: v for k, v in flat(params).items()
-                                if not peft.is_peft_param(k)})
+    return traverse_util.unflatten_dict({k: v for k, v in flat(params).items()
+                                         if not peft.is_peft_param(k)}, sep="/")
 
 
 def base_cfg(cfg):
@@ -243,7 +244,7 @@ def run_steps(cfg, steps, batch_seed=0):
 def test_frozen_params_bit_identical_after_training(arch, scan, method):
     cfg = full_config(arch, scan, **method)
     params0, history, losses, opt_size, _ = run_steps(cfg, 3)
-    mask = flat(peft.trainable_mask(cfg, params0))
+    mask = flat(peft.trainable_mask(cfg.model, params0))
     before, after = flat(params0), flat(history[-1])
     n_train = sum(before[k].size for k, t in mask.items() if t)
     for k, t in mask.items():
@@ -330,12 +331,13 @@ def test_peft_only_save_and_load_on_top_of_base(tmp_path):
     cfg.model.num_classes = 2
     rng = np.random.default_rng(0)
     params0 = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype), shapes(cfg))
-    mask = flat(peft.trainable_mask(cfg, params0))
-    trained = peft.flax_unflatten({k: v + rng.normal(size=v.shape).astype(v.dtype)
-                                   if mask[k] else v for k, v in flat(params0).items()})
+    mask = flat(peft.trainable_mask(cfg.model, params0))
+    trained = traverse_util.unflatten_dict({k: v + rng.normal(size=v.shape).astype(v.dtype)
+                                            if mask[k] else v for k, v in flat(params0).items()},
+                                           sep="/")
     path = str(tmp_path / "peft")
     peft.save_peft(path, cfg, trained)
-    saved_keys = set(flat(peft.peft_subset(cfg, trained)))
+    saved_keys = set(flat(peft.peft_subset(cfg.model, trained)))
     assert "class_dense/kernel" in saved_keys and "token_embedder/embedding" not in saved_keys
     loaded_cfg, params = peft.load_peft(path, params0)  # the base = the untrained init
     assert loaded_cfg == cfg
