@@ -366,3 +366,42 @@ def test_trainer_logs_counts_and_writes_peft_params(tmp_path, capsys):
     assert lora and all(np.array_equal(v, flat(full_params)[k]) for k, v in lora.items())
     n_lora = sum(v.size for k, v in lora.items())
     assert f"trainable params: {n_lora:,} of" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _train_step_memory(cfg):
+    """(temp, argument) bytes of the compiled train step on one CPU device (deterministic)."""
+    from t5lite.models import dummy_batch
+    model = build_model(cfg.model)
+    mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
+    tx = peft.make_optimizer(cfg, cfg.train.steps)
+    abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
+    step = trainer.make_train_step(cfg, model, tx, mesh, shardings)
+    bsh = partitioning.batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh) for k, v in
+             dummy_batch(cfg.model, cfg.data.batch_size, cfg.data.feature_lengths).items()}
+    with partitioning.activate(mesh):
+        m = step.jitted.lower(abstract, batch).compile().memory_analysis()
+    return m.temp_size_in_bytes, m.argument_size_in_bytes
+
+
+def test_lora_train_step_holds_gradients_for_the_small_params_only():
+    """Frozen params are not differentiated: the LoRA step's temporaries (gradients) and
+    arguments (optimizer state) are far below full finetuning's. With gradients of every param
+    and only the optimizer masking them, LoRA's temporaries were as large as full finetuning's."""
+    def cfg_for(**peft_kw):
+        cfg = full_config("encoder_decoder", True, **peft_kw)
+        cfg.model = dataclasses.replace(cfg.model, vocab_size=128, d_model=128, head_dim=32,
+                                        d_ff=512, num_encoder_layers=1, num_decoder_layers=1)
+        cfg.data.batch_size = 2
+        return cfg
+
+    full_temp, full_args = _train_step_memory(cfg_for())
+    lora_temp, lora_args = _train_step_memory(cfg_for(lora_rank=2))
+    params = shapes(cfg_for().model)
+    param_bytes = sum(4 * math.prod(x.shape) for x in jax.tree.leaves(params))
+    assert lora_args < full_args / 2  # no optimizer state for frozen params
+    # most of full finetuning's gradient bytes are gone from the LoRA step's temporaries
+    assert lora_temp < full_temp - param_bytes / 2, (lora_temp, full_temp, param_bytes)
