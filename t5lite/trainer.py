@@ -113,7 +113,8 @@ def _apply_update(tx, state, grads) -> TrainState:
 def _split(tree, mask):
     """-> (the mask's True leaves, its False leaves): two trees like ``tree`` with None in the
     other's places (None is an empty pytree: no gradient, no buffer)."""
-    pick = lambda want: jax.tree.map(lambda t, x: x if bool(t) == want else None, mask, tree)  # noqa: E731
+    def pick(want):
+        return jax.tree.map(lambda t, x: x if bool(t) == want else None, mask, tree)
     return pick(True), pick(False)
 
 
