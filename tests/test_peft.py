@@ -260,9 +260,9 @@ def test_frozen_params_bit_identical_after_training(arch, scan, method):
 def test_lora_gradient_accumulation_equals_one_batch():
     """The trainable-subset gradients accumulate over micro-batches like full ones."""
     cfg = full_config("encoder_decoder", True, lora_rank=4)
-    _, one, losses_one, _, _ = run_steps(cfg, 2)
+    _, one, losses_one, _, _ = run_steps(cfg, 1)
     cfg.train.grad_accum_steps = 2
-    _, acc, losses_acc, _, _ = run_steps(cfg, 2)
+    _, acc, losses_acc, _, _ = run_steps(cfg, 1)
     np.testing.assert_allclose(losses_acc, losses_one, rtol=1e-5)
     for k, v in flat(one[-1]).items():
         np.testing.assert_allclose(flat(acc[-1])[k], v, atol=1e-5, err_msg=k)
