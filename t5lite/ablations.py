@@ -258,9 +258,9 @@ def span_targets(inputs_length: int, density: float, mean_span: float) -> int:
 
 
 def num_layers(cfg) -> int:
-    """Layer groups opened one by one under gradual unfreezing."""
+    """Layer groups opened one by one under gradual unfreezing (cfg: a full Config)."""
     from t5lite.models.peft import total_layers
-    return total_layers(cfg)
+    return total_layers(cfg.model)
 
 
 def _namespace(cfg) -> dict:

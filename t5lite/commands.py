@@ -7,6 +7,7 @@ importing this module is cheap.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -303,7 +304,8 @@ def merge_lora_command(src: str, dst: str) -> None:
 
     with progress.quiet_absl():
         cfg, params = checkpointing.load_params(src)
-    cfg, params = peft.merge_lora(cfg, params)
+    mcfg, params = peft.merge_lora(cfg.model, params)
+    cfg = dataclasses.replace(cfg, model=mcfg)
     checkpointing.save_params_dir(dst, cfg, jax.tree.map(np.asarray, params))
     print(f"merged LoRA of {src} into the base weights -> {dst} (config.json + params/); "
           f"export it with `t5lite convert export {dst} HF_DIR`")

@@ -110,19 +110,43 @@ def _apply_update(tx, state, grads) -> TrainState:
                       opt_state=opt_state)
 
 
-def make_train_step(cfg, model, tx, mesh, shardings, schedule=None):
+def _split(tree, mask):
+    """-> (the mask's True leaves, its False leaves): two trees like ``tree`` with None in the
+    other's places (None is an empty pytree: no gradient, no buffer)."""
+    def pick(want):
+        return jax.tree.map(lambda t, x: x if bool(t) == want else None, mask, tree)
+    return pick(True), pick(False)
+
+
+def _join(mask, a, b):
+    """Inverse of _split: a's leaves where mask is True, b's elsewhere."""
+    return jax.tree.map(lambda t, x, y: x if bool(t) else y, mask, a, b)
+
+
+def make_train_step(cfg, model, tx, mesh, shardings, schedule=None, trainable=None):
     """jit(state, batch) -> (state, metrics). Gradient accumulation over train.grad_accum_steps
     micro-batches (lax.scan) with the loss normalisers of the full batch, so it equals one big
     batch. Dropout keys: fold_in(seed stream, step, micro). A step whose loss or gradient is not
     finite leaves the state unchanged and reports finite=0; an update that makes the parameters
-    overflow (finite gradients, non-finite new param norm) reports params_finite=0."""
+    overflow (finite gradients, non-finite new param norm) reports params_finite=0.
+
+    Only the trainable params are differentiated (``trainable``: bools like params; default
+    ``peft.grad_mask`` of the config): frozen params enter the loss as a non-differentiated
+    argument, so gradients, accumulators and the gradient norm cover the trainable subset
+    alone (LoRA on a large model holds gradients for the small params only); frozen params
+    get zero updates, as the optimizer masks them too."""
     k = cfg.train.grad_accum_steps
     dropout_key = _init_rngs(cfg)["dropout"]
     schedule = schedule or optim.make_schedule(cfg.optim, cfg.train.steps)
+    if trainable is None:
+        trainable = peft.grad_mask(cfg.model, shardings.params)
+    if trainable is None:  # everything trains
+        trainable = jax.tree.map(lambda _: True, shardings.params)
+    train_sh, _ = _split(shardings.params, trainable)
 
-    def micro_loss(params, micro, key, norms):
-        outputs = model.apply({"params": params}, micro, deterministic=False,
-                              rngs={"dropout": key})
+    def micro_loss(train, frozen, micro, key, norms):
+        outputs = model.apply({"params": _join(trainable, train, frozen)}, micro,
+                              deterministic=False, rngs={"dropout": key})
         return losses.compute_loss(cfg, outputs, micro, norms)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -130,23 +154,27 @@ def make_train_step(cfg, model, tx, mesh, shardings, schedule=None):
     def step_fn(state, batch):
         key = jax.random.fold_in(dropout_key, state.step)
         norms = losses.normalizers(cfg, batch)
+        train, frozen = _split(state.params, trainable)
         if k == 1:
-            (_, metrics), grads = grad_fn(state.params, batch, jax.random.fold_in(key, 0), norms)
+            (_, metrics), grads = grad_fn(train, frozen, batch, jax.random.fold_in(key, 0), norms)
         else:
             micro = _split_micro(batch, k)
 
             def body(acc, xs):
                 i, mb = xs
-                (_, m), g = grad_fn(state.params, mb, jax.random.fold_in(key, i), norms)
+                (_, m), g = grad_fn(train, frozen, mb, jax.random.fold_in(key, i), norms)
                 return jax.tree.map(jnp.add, acc, (g, m)), None
 
-            shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro),
-                                    key, norms)
+            shapes = jax.eval_shape(grad_fn, train, frozen,
+                                    jax.tree.map(lambda x: x[0], micro), key, norms)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[0][1]))
-            zeros = (jax.lax.with_sharding_constraint(zeros[0], shardings.params), zeros[1])
+            zeros = (jax.lax.with_sharding_constraint(zeros[0], train_sh), zeros[1])
             (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro))
         grad_norm = optax.tree.norm(grads)
         ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        # the optimizer sees the whole tree (its state layout is the checkpoint's); frozen
+        # leaves get zeros it discards (set_to_zero), which XLA never materialises
+        grads = _join(trainable, grads, jax.tree.map(jnp.zeros_like, frozen))
         # lax.cond, not jnp.where(ok, new, old) over the state: a select keeps the old and the
         # new state alive together, so XLA cannot update the donated buffers in place (on CPU
         # that cost ~0.4 s of a 1.5 s T5-small step); the cond's taken branch updates in place.
@@ -343,7 +371,8 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
         logger.write_config(config_lib.to_dict(cfg))  # TensorBoard: text + hparams
         try:
             return _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
-                         data_iter, tf_iter, eval_iter_fn, preemption, started=started)
+                         data_iter, tf_iter, eval_iter_fn, preemption, started=started,
+                         trainable=trainable_mask)
         finally:
             logger.close()
     finally:
@@ -417,7 +446,7 @@ def _no_space_message(workdir: str) -> str:
 
 
 def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt, data_iter,
-          tf_iter, eval_iter_fn, preemption=None, started=None):
+          tf_iter, eval_iter_fn, preemption=None, started=None, trainable=None):
     watch = observe.RunClock(ckpt.workdir, start, enabled=logger.enabled, started=started)
     prof = observe.Profiler(cfg.train.profile_steps, ckpt.workdir, logger.info)
     if state is not None:
@@ -432,8 +461,8 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
             params = checkpointing.merge_params(state.params, src, announce=logger.info)
             state, _ = create_train_state(cfg, model, mesh, tx, params=params)
             logger.info(f"initialised params from {cfg.checkpoint.init_from}")
-    logger.info(peft.describe(cfg, state.params))
-    train_step = make_train_step(cfg, model, tx, mesh, shardings)
+    logger.info(peft.describe(cfg.model, state.params))
+    train_step = make_train_step(cfg, model, tx, mesh, shardings, trainable=trainable)
     eval_step = make_eval_step(cfg, model, mesh, shardings.params)
     from t5lite import evaluation  # task metrics (decoding) + best checkpoint: cfg.eval
     task_eval = (evaluation.TrainEvaluator(cfg, model, ckpt.workdir, mesh, logger)

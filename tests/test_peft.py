@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from flax import traverse_util
 from train_helpers import random_model_batch
 
 from t5lite import config as config_lib
@@ -52,8 +53,8 @@ def flat(params):
 
 def base_only(params):
     """The params without the PEFT leaves (what the base model has)."""
-    return peft.flax_unflatten({k: v for k, v in flat(params).items()
-                                if not peft.is_peft_param(k)})
+    return traverse_util.unflatten_dict({k: v for k, v in flat(params).items()
+                                         if not peft.is_peft_param(k)}, sep="/")
 
 
 def base_cfg(cfg):
@@ -243,7 +244,7 @@ def run_steps(cfg, steps, batch_seed=0):
 def test_frozen_params_bit_identical_after_training(arch, scan, method):
     cfg = full_config(arch, scan, **method)
     params0, history, losses, opt_size, _ = run_steps(cfg, 3)
-    mask = flat(peft.trainable_mask(cfg, params0))
+    mask = flat(peft.trainable_mask(cfg.model, params0))
     before, after = flat(params0), flat(history[-1])
     n_train = sum(before[k].size for k, t in mask.items() if t)
     for k, t in mask.items():
@@ -254,6 +255,17 @@ def test_frozen_params_bit_identical_after_training(arch, scan, method):
     # adamw state: mu and nu for the trainable params only (+ scalar counts)
     assert 2 * n_train <= opt_size <= 2 * n_train + 16
     assert losses[-1] < losses[0]
+
+
+def test_lora_gradient_accumulation_equals_one_batch():
+    """The trainable-subset gradients accumulate over micro-batches like full ones."""
+    cfg = full_config("encoder_decoder", True, lora_rank=4)
+    _, one, losses_one, _, _ = run_steps(cfg, 1)
+    cfg.train.grad_accum_steps = 2
+    _, acc, losses_acc, _, _ = run_steps(cfg, 1)
+    np.testing.assert_allclose(losses_acc, losses_one, rtol=1e-5)
+    for k, v in flat(one[-1]).items():
+        np.testing.assert_allclose(flat(acc[-1])[k], v, atol=1e-5, err_msg=k)
 
 
 def test_gradual_unfreezing_opens_top_layers_first_without_recompiling():
@@ -330,12 +342,13 @@ def test_peft_only_save_and_load_on_top_of_base(tmp_path):
     cfg.model.num_classes = 2
     rng = np.random.default_rng(0)
     params0 = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype), shapes(cfg))
-    mask = flat(peft.trainable_mask(cfg, params0))
-    trained = peft.flax_unflatten({k: v + rng.normal(size=v.shape).astype(v.dtype)
-                                   if mask[k] else v for k, v in flat(params0).items()})
+    mask = flat(peft.trainable_mask(cfg.model, params0))
+    trained = traverse_util.unflatten_dict({k: v + rng.normal(size=v.shape).astype(v.dtype)
+                                            if mask[k] else v for k, v in flat(params0).items()},
+                                           sep="/")
     path = str(tmp_path / "peft")
     peft.save_peft(path, cfg, trained)
-    saved_keys = set(flat(peft.peft_subset(cfg, trained)))
+    saved_keys = set(flat(peft.peft_subset(cfg.model, trained)))
     assert "class_dense/kernel" in saved_keys and "token_embedder/embedding" not in saved_keys
     loaded_cfg, params = peft.load_peft(path, params0)  # the base = the untrained init
     assert loaded_cfg == cfg
@@ -364,3 +377,42 @@ def test_trainer_logs_counts_and_writes_peft_params(tmp_path, capsys):
     assert lora and all(np.array_equal(v, flat(full_params)[k]) for k, v in lora.items())
     n_lora = sum(v.size for k, v in lora.items())
     assert f"trainable params: {n_lora:,} of" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _train_step_memory(cfg):
+    """(temp, argument) bytes of the compiled train step on one CPU device (deterministic)."""
+    from t5lite.models import dummy_batch
+    model = build_model(cfg.model)
+    mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
+    tx = peft.make_optimizer(cfg, cfg.train.steps)
+    abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
+    step = trainer.make_train_step(cfg, model, tx, mesh, shardings)
+    bsh = partitioning.batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh) for k, v in
+             dummy_batch(cfg.model, cfg.data.batch_size, cfg.data.feature_lengths).items()}
+    with partitioning.activate(mesh):
+        m = step.jitted.lower(abstract, batch).compile().memory_analysis()
+    return m.temp_size_in_bytes, m.argument_size_in_bytes
+
+
+def test_lora_train_step_holds_gradients_for_the_small_params_only():
+    """Frozen params are not differentiated: the LoRA step's temporaries (gradients) and
+    arguments (optimizer state) are far below full finetuning's. With gradients of every param
+    and only the optimizer masking them, LoRA's temporaries were as large as full finetuning's."""
+    def cfg_for(**peft_kw):
+        cfg = full_config("encoder_decoder", True, **peft_kw)
+        cfg.model = dataclasses.replace(cfg.model, vocab_size=128, d_model=128, head_dim=32,
+                                        d_ff=512, num_encoder_layers=1, num_decoder_layers=1)
+        cfg.data.batch_size = 2
+        return cfg
+
+    full_temp, full_args = _train_step_memory(cfg_for())
+    lora_temp, lora_args = _train_step_memory(cfg_for(lora_rank=2))
+    params = shapes(cfg_for().model)
+    param_bytes = sum(4 * math.prod(x.shape) for x in jax.tree.leaves(params))
+    assert lora_args < full_args / 2  # no optimizer state for frozen params
+    # most of full finetuning's gradient bytes are gone from the LoRA step's temporaries
+    assert lora_temp < full_temp - param_bytes / 2, (lora_temp, full_temp, param_bytes)

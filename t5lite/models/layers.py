@@ -20,8 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from t5lite.models import peft
-
 NEG_INF = -1e10  # additive mask value (finite: fully masked rows stay NaN-free)
 
 Axes = tuple[str, ...]
@@ -122,8 +120,9 @@ class DenseGeneral(nn.Module):
     """y = x . W (+ b) contracting the trailing ``len(in_axes)`` dims of x into ``features``.
 
     The kernel is initialised as a 2-D (fan_in, fan_out) matrix then reshaped, so fan-in is
-    the product of the contracted dims (as in T5X). ``lora_rank`` > 0 adds a LoRA update
-    (peft.lora_delta; params ``lora_a`` / ``lora_b`` beside ``kernel``).
+    the product of the contracted dims (as in T5X). ``lora_rank`` > 0 adds the layer's optional
+    low-rank update (alpha / r) (x A) B (Hu et al., 2021) with params ``lora_a`` [in..., r]
+    (fan-in init) and ``lora_b`` [r, out...] (zeros, so the layer starts as the plain one).
     """
 
     features: Sequence[int]
@@ -154,9 +153,26 @@ class DenseGeneral(nn.Module):
                 nn.initializers.zeros, self.kernel_axes[self.n_in:]), features, jnp.float32)
             y = y + bias.astype(self.dtype)
         if self.lora_rank:
-            y = y + peft.lora_delta(self, x, self.n_in, features, self.kernel_axes,
-                                    self.lora_rank, self.lora_alpha, self.dtype)
+            y = y + self._low_rank(x, in_shape, features)
         return y
+
+    def _low_rank(self, x, in_shape, features):
+        rank, axes = self.lora_rank, tuple(self.kernel_axes)
+
+        def a_init(key, shape, dtype=jnp.float32):
+            flat = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
+                key, (int(np.prod(in_shape)), rank), dtype)
+            return flat.reshape(shape)
+
+        a = self.param("lora_a", nn.with_logical_partitioning(a_init, axes[:self.n_in] + (None,)),
+                       in_shape + (rank,), jnp.float32)
+        b = self.param("lora_b", nn.with_logical_partitioning(
+            nn.initializers.zeros, (None,) + axes[self.n_in:]), (rank,) + features, jnp.float32)
+        contract = tuple(range(x.ndim - self.n_in, x.ndim))
+        h = jax.lax.dot_general(x, a.astype(self.dtype),
+                                ((contract, tuple(range(self.n_in))), ((), ())))
+        y = jnp.tensordot(h, b.astype(self.dtype), axes=1)
+        return y * jnp.asarray(self.lora_alpha / rank, self.dtype)
 
 
 class Embed(nn.Module):
@@ -320,10 +336,23 @@ class MultiHeadAttention(nn.Module):
 
     decode=True appends this call's T keys/values at ``cache_index`` in the "cache" collection
     and attends over the whole cache (the bias then has the cache length as its key axis).
+    Subclasses adapt it through ``dense_kwargs`` / ``adapt_kv`` / ``extend_kv`` (identity here).
     """
 
     cfg: object
-    cross: bool = False  # cross-attention: no prefix-tuning prefix
+    cross: bool = False  # cross-attention (keys / values from another sequence)
+
+    def dense_kwargs(self, name: str) -> dict:
+        """Extra DenseGeneral fields for the projection ``name`` (query, key, value, out)."""
+        return {}
+
+    def adapt_kv(self, k_BSHK, v_BSHK):
+        """Keys / values right after their projections."""
+        return k_BSHK, v_BSHK
+
+    def extend_kv(self, k_BSHK, v_BSHK, bias_BHTS):
+        """Keys / values (and the bias over them) after the KV cache, before attending."""
+        return k_BSHK, v_BSHK, bias_BHTS
 
     @nn.compact
     def __call__(self, x_BTD, kv_BSD, bias_BHTS, rope_pos_BT=None, deterministic=True,
@@ -336,21 +365,18 @@ class MultiHeadAttention(nn.Module):
                                  kernel_axes=("embed", "heads", "kv"), use_bias=cfg.use_bias,
                                  dtype=dtype, init=kernel_init(cfg))
         q_BTHK = proj(name="query", init=kernel_init(cfg, t5_query_scale),
-                      **peft.lora_kwargs(cfg, "query"))(x_BTD)
-        k_BSHK = proj(name="key", **peft.lora_kwargs(cfg, "key"))(kv_BSD)
-        v_BSHK = proj(name="value", **peft.lora_kwargs(cfg, "value"))(kv_BSD)
+                      **self.dense_kwargs("query"))(x_BTD)
+        k_BSHK = proj(name="key", **self.dense_kwargs("key"))(kv_BSD)
+        v_BSHK = proj(name="value", **self.dense_kwargs("value"))(kv_BSD)
         q_BTHK, k_BSHK, v_BSHK = (checkpoint_name(a, n) for a, n in zip(
             (q_BTHK, k_BSHK, v_BSHK), ("query_proj", "key_proj", "value_proj")))
-        if cfg.peft.ia3:
-            k_BSHK = peft.ia3_scale(self, "ia3_key", k_BSHK, ("heads", "kv"))
-            v_BSHK = peft.ia3_scale(self, "ia3_value", v_BSHK, ("heads", "kv"))
+        k_BSHK, v_BSHK = self.adapt_kv(k_BSHK, v_BSHK)
         if rope_pos_BT is not None:  # self-attention with RoPE: keys share the query positions
             q_BTHK = apply_rope(q_BTHK, rope_pos_BT, cfg.rope_max_wavelength)
             k_BSHK = apply_rope(k_BSHK, rope_pos_BT, cfg.rope_max_wavelength)
         if decode:
             k_BSHK, v_BSHK = self._update_cache(k_BSHK, v_BSHK, cache_index)
-        if cfg.peft.prefix_tokens and not self.cross:
-            k_BSHK, v_BSHK, bias_BHTS = peft.add_prefix(self, cfg, k_BSHK, v_BSHK, bias_BHTS)
+        k_BSHK, v_BSHK, bias_BHTS = self.extend_kv(k_BSHK, v_BSHK, bias_BHTS)
         axes = ("batch", "length", "heads", "kv")
         q_BTHK, k_BSHK, v_BSHK = (constrain(a, axes) for a in (q_BTHK, k_BSHK, v_BSHK))
         if cfg.scale_attn_logits:
@@ -362,7 +388,7 @@ class MultiHeadAttention(nn.Module):
         out_BTD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("heads", "kv", "embed"),
                                n_in=2, use_bias=cfg.use_bias, dtype=dtype,
                                init=kernel_init(cfg), name="out",
-                               **peft.lora_kwargs(cfg, "out"))(out_BTHK)
+                               **self.dense_kwargs("out"))(out_BTHK)
         out_BTD = checkpoint_name(out_BTD, "out_proj")
         return constrain(out_BTD, ("batch", "length", "embed"))
 
@@ -397,9 +423,18 @@ GATED = ("glu", "geglu", "reglu", "swiglu", "bilinear")
 
 
 class MLP(nn.Module):
-    """Feed-forward block: wi -> act -> dropout -> wo, or gated wi_0 / wi_1 for GLU variants."""
+    """Feed-forward block: wi -> act -> dropout -> wo, or gated wi_0 / wi_1 for GLU variants.
+    Subclasses adapt it through ``dense_kwargs`` / ``adapt_hidden`` (identity here)."""
 
     cfg: object
+
+    def dense_kwargs(self, name: str) -> dict:
+        """Extra DenseGeneral fields for the projection ``name`` (wi, wi_0, wi_1, wo)."""
+        return {}
+
+    def adapt_hidden(self, h_BLF):
+        """The hidden activations after the nonlinearity."""
+        return h_BLF
 
     @nn.compact
     def __call__(self, x_BLD, deterministic=True):
@@ -408,19 +443,18 @@ class MLP(nn.Module):
         act = ACTIVATIONS[cfg.ffn]
         dense = functools.partial(DenseGeneral, features=(cfg.d_ff,), kernel_axes=("embed", "mlp"),
                                   use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg))
-        lora = peft.lora_kwargs
+        kw = self.dense_kwargs
         if cfg.ffn in GATED:
-            h_BLF = (act(checkpoint_name(dense(name="wi_0", **lora(cfg, "wi_0"))(x_BLD), "mlpwi_0"))
-                     * checkpoint_name(dense(name="wi_1", **lora(cfg, "wi_1"))(x_BLD), "mlpwi_1"))
+            h_BLF = (act(checkpoint_name(dense(name="wi_0", **kw("wi_0"))(x_BLD), "mlpwi_0"))
+                     * checkpoint_name(dense(name="wi_1", **kw("wi_1"))(x_BLD), "mlpwi_1"))
         else:
-            h_BLF = act(checkpoint_name(dense(name="wi", **lora(cfg, "wi"))(x_BLD), "mlpwi"))
-        if cfg.peft.ia3:
-            h_BLF = peft.ia3_scale(self, "ia3_mlp", h_BLF, ("mlp",))
+            h_BLF = act(checkpoint_name(dense(name="wi", **kw("wi"))(x_BLD), "mlpwi"))
+        h_BLF = self.adapt_hidden(h_BLF)
         h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
         h_BLF = nn.Dropout(cfg.dropout_rate)(h_BLF, deterministic=deterministic)
         out_BLD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("mlp", "embed"),
                                use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg),
-                               name="wo", **lora(cfg, "wo"))(h_BLF)
+                               name="wo", **kw("wo"))(h_BLF)
         out_BLD = checkpoint_name(out_BLD, "mlpwo")
         return constrain(out_BLD, ("batch", "length", "embed"))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,18 @@ REMAT_POLICIES = {
 }
 
 
+@flax.struct.dataclass
+class LayerContext:
+    """The arrays a Stack builds once and shares with all its Blocks."""
+
+    bias: jnp.ndarray  # self-attention mask as an additive bias [B, 1, T, S]
+    pos_bias: Optional[jnp.ndarray] = None  # relative / ALiBi position bias [1 or B, H, T, S]
+    rope_pos: Optional[jnp.ndarray] = None  # RoPE positions [B, T]
+    cache_index: Optional[jnp.ndarray] = None  # decoding: the KV cache write index []
+    encoded: Optional[jnp.ndarray] = None  # encoder output for cross-attention [B, S, D]
+    cross_bias: Optional[jnp.ndarray] = None  # cross-attention mask bias [B, 1, T, S]
+
+
 class Block(nn.Module):
     """Self-attention, optional cross-attention, MLP; each a residual sub-layer, pre- or post-norm.
 
@@ -38,8 +51,8 @@ class Block(nn.Module):
     decoder blocks ``self_attention``, ``encoder_decoder_attention`` with
     ``pre_self_attention_layer_norm`` / ``pre_cross_attention_layer_norm``; both ``mlp`` and
     ``pre_mlp_layer_norm``. Post-norm blocks name the norms ``post_*`` instead of ``pre_*``.
-    ``ctx`` holds the arrays shared by all layers: bias (mask, [B, 1, T, S]), pos_bias
-    (relative / ALiBi, [1 or B, H, T, S]), rope_pos, cache_index, encoded, cross_bias.
+    ``ctx`` (a LayerContext) holds the arrays shared by all layers. The sub-layer classes come
+    from ``peft.block_modules`` (the core layers, or their PEFT subclasses).
     """
 
     cfg: object
@@ -48,8 +61,9 @@ class Block(nn.Module):
     scanned: bool = False
 
     @nn.compact
-    def __call__(self, x_BLD, ctx, deterministic=True, decode=False):
+    def __call__(self, x_BLD, ctx: LayerContext, deterministic=True, decode=False):
         cfg = self.cfg
+        mods = peft.block_modules(cfg)
 
         def sublayer(x, stem, fn):
             where = "pre" if cfg.pre_norm else "post"
@@ -59,18 +73,17 @@ class Block(nn.Module):
             return y if cfg.pre_norm else norm(y)
 
         stem = "self_attention" if self.decoder else "attention"
-        bias = (L.add_position_bias(ctx["bias"], ctx["pos_bias"]) if "pos_bias" in ctx
-                else ctx["bias"])
-        x_BLD = sublayer(x_BLD, stem, lambda y: L.MultiHeadAttention(cfg, name=stem)(
-            y, y, bias, ctx.get("rope_pos"), deterministic, decode, ctx.get("cache_index")))
-        if self.cross and "encoded" in ctx:
-            x_BLD = sublayer(x_BLD, "cross_attention", lambda y: L.MultiHeadAttention(
+        bias = (ctx.bias if ctx.pos_bias is None
+                else L.add_position_bias(ctx.bias, ctx.pos_bias))
+        x_BLD = sublayer(x_BLD, stem, lambda y: mods.attention(cfg, name=stem)(
+            y, y, bias, ctx.rope_pos, deterministic, decode, ctx.cache_index))
+        if self.cross and ctx.encoded is not None:
+            x_BLD = sublayer(x_BLD, "cross_attention", lambda y: mods.attention(
                 cfg, cross=True, name="encoder_decoder_attention")(
-                    y, ctx["encoded"], ctx["cross_bias"], deterministic=deterministic))
-        x_BLD = sublayer(x_BLD, "mlp", lambda y: L.MLP(cfg, name="mlp")(y, deterministic))
-        adapter = peft.adapter(cfg)  # PEFT adapter after the MLP (None when off)
-        if adapter is not None:
-            x_BLD = adapter(x_BLD, deterministic)
+                    y, ctx.encoded, ctx.cross_bias, deterministic=deterministic))
+        x_BLD = sublayer(x_BLD, "mlp", lambda y: mods.mlp(cfg, name="mlp")(y, deterministic))
+        if mods.adapter is not None:  # the paper's adapter after the MLP sub-layer
+            x_BLD = mods.adapter(cfg, name="mlp" + peft.ADAPTER_SUFFIX)(x_BLD, deterministic)
         x_BLD = L.constrain(x_BLD, ("batch", "length", "embed"))
         return (x_BLD, None) if self.scanned else x_BLD
 
@@ -195,7 +208,7 @@ class Stack(nn.Module):
             x_BLD, mask_BLS, positions_BL = peft.prepend_prompt(
                 self.prompt, x_BLD, mask_BLS, q_valid_BL, positions_BL)
             k_pos_BS = positions_BL
-        ctx = {"bias": L.attention_bias(mask_BLS)}
+        pos_bias = cache_index = rope_pos = encoded = cross_bias = None
         if cfg.position in ("relative", "alibi"):
             if not decode and not self.num_prompt:  # slot offsets equal position offsets in a
                 q_pos, k_pos = (jnp.arange(t)[None],) * 2  # (packed) segment: one [1, H, L, L]
@@ -204,18 +217,20 @@ class Stack(nn.Module):
             if cfg.position == "relative":
                 bidirectional = self.kind == "encoder" or cfg.architecture == "prefix_lm"
                 owner = self if self.shared is None else self.shared
-                ctx["pos_bias"] = owner.relpos_bias(q_pos, k_pos, bidirectional)
+                pos_bias = owner.relpos_bias(q_pos, k_pos, bidirectional)
             else:
-                ctx["pos_bias"] = L.alibi_bias(q_pos, k_pos, cfg.num_heads)
+                pos_bias = L.alibi_bias(q_pos, k_pos, cfg.num_heads)
         if decode:
-            ctx["cache_index"] = index
+            cache_index = index
         if cfg.position == "rope":
-            ctx["rope_pos"] = positions_BL
+            rope_pos = positions_BL
         if encoded_BSD is not None:
             k_valid_BS = encoder_tokens_BS != 0
-            ctx["encoded"] = encoded_BSD
-            ctx["cross_bias"] = L.attention_bias(L.cross_attention_mask(
+            encoded = encoded_BSD
+            cross_bias = L.attention_bias(L.cross_attention_mask(
                 q_valid_BL, k_valid_BS, segments_BL, encoder_segments_BS))
+        ctx = LayerContext(bias=L.attention_bias(mask_BLS), pos_bias=pos_bias, rope_pos=rope_pos,
+                           cache_index=cache_index, encoded=encoded, cross_bias=cross_bias)
         return x_BLD, ctx
 
     def _decode_mask(self, index, q_seg_BT, k_seg_BS, prefix_BT):

@@ -1,0 +1,61 @@
+"""Compiled train-step memory of PEFT vs full finetuning on this host (XLA memory_analysis).
+
+    python bench/peft_memory.py [--preset t5_1_1_small] [--batch 4] [--lora-rank 8]
+
+Compiles the real train step (trainer.make_train_step, one device) three ways and prints
+temp / argument bytes: full finetuning; LoRA with gradients of every param, the optimizer
+masking the frozen ones (the form before issue 19: make_train_step(trainable=all True)); LoRA
+differentiating the trainable params only (the default). Nothing runs: shapes only. For a TPU
+slice use `t5lite compile --config C --topology T --json [--set model.peft.lora_rank=8]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import jax
+
+from t5lite import config as config_lib
+from t5lite import partitioning, trainer
+from t5lite.models import build_model, dummy_batch, peft
+
+
+def step_memory(cfg, all_grads: bool = False):
+    """(temp, argument) bytes of cfg's compiled train step on one device."""
+    model = build_model(cfg.model)
+    mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
+    tx = peft.make_optimizer(cfg, cfg.train.steps)
+    abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
+    trainable = jax.tree.map(lambda _: True, shardings.params) if all_grads else None
+    step = trainer.make_train_step(cfg, model, tx, mesh, shardings, trainable=trainable)
+    bsh = partitioning.batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh) for k, v in
+             dummy_batch(cfg.model, cfg.data.batch_size, cfg.data.feature_lengths).items()}
+    with partitioning.activate(mesh):
+        m = step.jitted.lower(abstract, batch).compile().memory_analysis()
+    return m.temp_size_in_bytes, m.argument_size_in_bytes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="t5_1_1_small")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lora-rank", type=int, default=8)
+    args = ap.parse_args()
+    cfg = config_lib.load_config(f"configs/{args.preset}.py")
+    cfg.data.batch_size = args.batch
+    cfg.mesh = dataclasses.replace(cfg.mesh, data=1, fsdp=1, tensor=1)
+    lora = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, peft=dataclasses.replace(cfg.model.peft, lora_rank=args.lora_rank)))
+    print(f"{args.preset}, batch {args.batch} x {dict(cfg.data.feature_lengths)}, "
+          f"{jax.default_backend()}; MiB per device")
+    for name, c, all_grads in (("full finetuning", cfg, False),
+                               (f"LoRA r={args.lora_rank}, all gradients", lora, True),
+                               (f"LoRA r={args.lora_rank}, trainable gradients", lora, False)):
+        temp, arg = step_memory(c, all_grads)
+        print(f"  {name:34s} temp {temp / 2**20:9.1f}  arguments {arg / 2**20:9.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
