@@ -15,6 +15,7 @@ import numpy as np
 from t5lite.errors import UserError
 from t5lite.models import peft
 from t5lite.models.architectures import ARCHITECTURES
+from t5lite.models.electra import Electra
 
 # Published parameter counts: HF T5ForConditionalGeneration (t5-small, t5-base,
 # google/t5-v1_1-base), BertModel incl. pooler (bert-base-uncased), GPT2LMHeadModel (gpt2).
@@ -58,6 +59,8 @@ def build_model(cfg) -> nn.Module:
     """The flax module for ``cfg.architecture`` (a ModelConfig or a full Config)."""
     cfg = _model_cfg(cfg)
     check(cfg)
+    if cfg.electra.rtd_head:  # ELECTRA: the encoder_only model with a generator + RTD head
+        return Electra(cfg)
     return ARCHITECTURES[cfg.architecture](cfg)
 
 
@@ -133,7 +136,7 @@ def init_cache(model, params, batch_size: int, max_length: int, encoder_input_to
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
 
 
-HEAD_PREFIXES = ("mlm_", "nsp_", "class_", "token_dense", "span_dense")
+HEAD_PREFIXES = ("mlm_", "nsp_", "class_", "token_dense", "span_dense", "rtd_", "generator")
 
 
 def abstract_params(cfg, feature_length: int = 8):

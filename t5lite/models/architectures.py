@@ -74,7 +74,8 @@ from t5lite.models.transformer import Stack
 
 
 def _token_embedder(cfg):
-    return L.Embed(cfg.vocab_size, cfg.d_model, ("vocab", "embed"), L.compute_dtype(cfg),
+    return L.Embed(cfg.vocab_size, cfg.embed_dim or cfg.d_model, ("vocab", "embed"),
+                   L.compute_dtype(cfg),
                    L.embed_init(cfg))
 
 
@@ -169,7 +170,7 @@ class EncoderOnly(nn.Module):
         cfg = self.cfg
         self.token_embedder = _token_embedder(cfg)
         self.encoder = Stack(cfg, "encoder", self.token_embedder)
-        self.mlm_dense = _dense(cfg, cfg.d_model, ("embed", "mlp"))
+        self.mlm_dense = _dense(cfg, cfg.embed_dim or cfg.d_model, ("embed", "mlp"))
         self.mlm_norm = L.Norm(cfg.norm, cfg.norm_eps, L.compute_dtype(cfg))
         self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(
             nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), jnp.float32)
