@@ -1,12 +1,16 @@
-"""Import / export Hugging Face T5, BERT and GPT-2 checkpoints (local directories only).
+"""Import / export Hugging Face T5, BERT, GPT-2, RoBERTa and ELECTRA checkpoints (local dirs only).
 
 Supported HF classes: T5ForConditionalGeneration (v1.0: relu, tied and rescaled LM head; v1.1:
 gated-gelu, untied), BertForPreTraining (MLM + NSP heads, pooler, token types; also
 BertForMaskedLM, which many BERT checkpoints name while holding the NSP head too) and
 GPT2LMHeadModel; RobertaForMaskedLM (BERT layers without NSP / pooler; HF numbers positions
 from padding_idx + 1, so t5lite's position p is HF's row p + padding_idx + 1; exported with
-``model.hf_class="RobertaForMaskedLM"``. RoBERTa's <s> is id 0, which t5lite's encoder treats
-as padding: feed t5lite inputs that start with a nonzero id). ``hf_to_t5lite`` maps the HF
+``model.hf_class="RobertaForMaskedLM"``. RoBERTa's <s> is id 0, t5lite's padding id: give
+``encoder_segment_ids`` (as seqio's converters do; 0 = padding) and the encoder takes padding
+from them, so <s> is a real token; without segment ids token 0 is padding) and
+ElectraForPreTraining (the discriminator: BERT layers, embeddings of width embedding_size with
+HF's embeddings_project, RTD head; a t5lite ELECTRA with a generator exports its discriminator
+only). ``hf_to_t5lite`` maps the HF
 config.json onto a t5lite Config and every HF tensor onto the t5lite parameter tree (layout:
 t5lite/models/architectures.py docstring), for ``scan_layers`` True (layers stacked on a
 leading axis) or False (``layers_0 ...``).

@@ -229,7 +229,7 @@ def test_pretrained_electra_exports_its_discriminator(tmp_path):
 def test_tiny_electra_training_loss_falls(tmp_path):
     cfg = _cfg()
     cfg.optim.learning_rate = 3e-3
-    cfg.train.steps = 30
+    cfg.train.steps, cfg.train.eval_steps = 30, 0
     cfg.checkpoint.every_steps = 30
     wd = str(tmp_path / "run")
     trainer.train(cfg, wd, train_iter=tf_iterator(cfg, n=8))
