@@ -5,8 +5,8 @@ import dataclasses
 import json
 import os
 
+import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -36,7 +36,7 @@ def _cfg(rtd_weight=50.0, predict_fraction=0.0):
 def _init(cfg, batch):
     model = build_model(cfg.model)
     params = jax.jit(lambda: model.init({"params": jax.random.key(0)}, batch)["params"])()
-    return model, jax.tree.map(np.asarray, __import__("flax").linen.meta.unbox(params))
+    return model, jax.tree.map(np.asarray, nn.meta.unbox(params))
 
 
 def test_generator_shares_the_embeddings_and_is_narrower():
