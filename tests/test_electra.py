@@ -49,6 +49,12 @@ def test_generator_shares_the_embeddings_and_is_narrower():
     assert params["generator"]["embed_project"]["kernel"].shape == (16, 8)
     g = electra.generator_config(cfg.model)  # a quarter of the width, FFN and heads
     assert (g.d_model, g.num_heads, g.head_dim, g.d_ff) == (8, 1, 8, 16)
+    # model.embed_dim on plain BERT too: factorised embeddings, the tied MLM head at width E
+    from t5lite.models import abstract_params
+    bert = dataclasses.replace(cfg.model, electra=type(cfg.model.electra)())
+    shapes = jax.tree.map(lambda x: x.shape, nn.meta.unbox(abstract_params(bert)))
+    assert shapes["mlm_dense"]["kernel"] == (32, 16)
+    assert shapes["encoder"]["embed_project"]["kernel"] == (16, 32)
     # electra_small: HF electra-small-discriminator sizes, generator 1/4 wide (paper Table 6)
     from t5lite.config import load_config
     small = load_config("electra_small").model
