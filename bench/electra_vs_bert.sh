@@ -5,6 +5,7 @@
 #   bash bench/electra_vs_bert.sh [RUNS_DIR] [PRETRAIN_STEPS] [FINETUNE_STEPS]
 #
 # Every stage resumes from its workdir. Results: RUNS_DIR/*.eval.txt, wall times printed.
+# Both pretrainings clip the global gradient norm at 1.0 (the ELECTRA preset's setting).
 set -euo pipefail
 RUNS="${1:-runs/electra_vs_bert}"
 PRE="${2:-400}"
@@ -21,7 +22,7 @@ stage() {  # name, then the command; prints the wall time
 }
 
 stage bert_mlm $T5 train --config configs/tiny_bert_mlm.py --workdir "$RUNS/bert_mlm" \
-    --set train.steps=$PRE
+    --set train.steps=$PRE --set optim.clip_grad_norm=1.0
 stage electra_rtd $T5 train --config configs/tiny_electra_rtd.py --workdir "$RUNS/electra_rtd" \
     --set train.steps=$PRE
 stage bert_sentiment $T5 train --config configs/tiny_bert_sentiment.py \

@@ -16,4 +16,5 @@ def get_config():
     base = load_config("tiny_bert_mlm")  # same data, optimizer and schedule as BERT tiny MLM
     cfg.data, cfg.optim, cfg.train, cfg.checkpoint = base.data, base.optim, base.train, \
         base.checkpoint
+    cfg.optim.clip_grad_norm = 1.0  # the preset's: unclipped, 50 x RTD collapsed the encoder
     return cfg

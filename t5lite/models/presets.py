@@ -166,8 +166,9 @@ def electra(size: str) -> Config:
                                     generator_d_ff=f * g // d, generator_num_heads=h * g // d)
     data = dataclasses.replace(base.data, mixture_or_task="corpus_mlm" if tiny
                                else "corpus_mlm_bert", pack=False)
-    # paper Table 6 (Small): lr 3e-4, batch 128, 1M steps, 10k warmup, length 128
-    optim = base.optim if tiny else dataclasses.replace(base.optim, learning_rate=3e-4)
+    # BERT's optimizer with its global-norm clipping at 1.0 (Google BERT / ELECTRA code): the
+    # 50 x RTD gradient unclipped collapsed the tiny discriminator to the all-original prior
+    optim = dataclasses.replace(base.optim, clip_grad_norm=1.0)
     train = base.train
     if not tiny:
         data.batch_size, data.feature_lengths = 128, {"inputs": 128}
