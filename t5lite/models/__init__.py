@@ -15,6 +15,7 @@ import numpy as np
 from t5lite.errors import UserError
 from t5lite.models import peft
 from t5lite.models.architectures import ARCHITECTURES
+from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
 from t5lite.models.electra import Electra
 
 # Published parameter counts: HF T5ForConditionalGeneration (t5-small, t5-base,
@@ -136,7 +137,7 @@ def init_cache(model, params, batch_size: int, max_length: int, encoder_input_to
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
 
 
-HEAD_PREFIXES = ("mlm_", "nsp_", "class_", "token_dense", "span_dense", "rtd_", "generator")
+HEAD_PREFIXES = ("mlm_", "nsp_", "class_", "token_dense", "span_dense")
 
 
 def abstract_params(cfg, feature_length: int = 8):
@@ -160,7 +161,8 @@ def _counts(params) -> tuple[int, int]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
         n = math.prod(leaf.shape)
         total += n
-        body += 0 if str(getattr(path[0], "key", path[0])).startswith(HEAD_PREFIXES) else n
+        head = str(getattr(path[0], "key", path[0])).startswith(HEAD_PREFIXES + ELECTRA_HEADS)
+        body += 0 if head else n
     return total, body
 
 

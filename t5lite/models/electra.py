@@ -41,6 +41,10 @@ from t5lite.models.architectures import _dense, _token_embedder, mlm_positions
 from t5lite.models.transformer import Stack
 
 
+# left out by count_params(heads=False): the discriminator alone is HF's ElectraModel
+HEAD_PREFIXES = ("rtd_", "generator")
+
+
 def generator_config(cfg):
     """The generator's ModelConfig: the discriminator's with the generator's widths. The paper
     (Table 6) scales hidden size, FFN size and heads by 1/4 (Small, Large) or 1/3 (Base)."""
