@@ -48,6 +48,23 @@ class PeftConfig:
 
 
 @dataclasses.dataclass
+class ElectraConfig:
+    """ELECTRA replaced-token detection (t5lite/models/electra.py; Clark et al. 2020). Off by
+    default. On an encoder_only model, ``rtd_head`` adds the discriminator head (one logit per
+    token: original or replaced); ``generator_d_model > 0`` adds the generator, a small BERT
+    MLM sharing the embeddings that samples replacements at the masked positions (pretraining).
+    Loss = MLM(generator) + rtd_weight * RTD. With num_classes > 0 only the discriminator runs.
+    """
+
+    rtd_head: bool = False
+    generator_d_model: int = 0  # 0 = no generator (finetuning, or an imported discriminator)
+    generator_d_ff: int = 0  # 0 = d_ff scaled like d_model
+    generator_num_heads: int = 0  # 0 = generator_d_model // head_dim (the same head width)
+    generator_layers: int = 0  # 0 = num_encoder_layers
+    rtd_weight: float = 50.0  # the paper's lambda
+
+
+@dataclasses.dataclass
 class ModelConfig:
     """One config for all three families; variants are fields, not subclasses."""
 
@@ -59,6 +76,9 @@ class ModelConfig:
     num_heads: int = 8
     head_dim: int = 64
     d_ff: int = 2048
+    # width of the token / position / token-type embeddings (ALBERT / ELECTRA factorisation,
+    # HF embedding_size): 0 = d_model; else a dense embed_project maps it to d_model
+    embed_dim: int = 0
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
     # relu | gelu | gelu_tanh | silu | glu | geglu | reglu | swiglu | bilinear
@@ -107,6 +127,7 @@ class ModelConfig:
     init_std: float = 0.0  # 0 = T5X init (fan-in dense, N(0,1) embeddings); >0 = N(0, std)
     rope_max_wavelength: float = 10000.0
     peft: PeftConfig = dataclasses.field(default_factory=PeftConfig)
+    electra: ElectraConfig = dataclasses.field(default_factory=ElectraConfig)
 
 
 @dataclasses.dataclass
@@ -553,6 +574,18 @@ def validate(cfg: Config) -> None:
         raise UserError(f"model.mlm_predict_fraction={m.mlm_predict_fraction}: use 0 (logits "
                         "at every position) or a fraction in (0, 1] of the length with "
                         "architecture='encoder_only' (BERT MLM)")
+    if m.embed_dim < 0 or (m.embed_dim and m.architecture != "encoder_only"):
+        raise UserError(f"model.embed_dim={m.embed_dim}: use 0 (= d_model), or a width > 0 "
+                        "with architecture='encoder_only' (ELECTRA's embedding_size)")
+    e = m.electra
+    if (e.rtd_head or e.generator_d_model) and m.architecture != "encoder_only":
+        raise UserError("model.electra.* (ELECTRA) needs architecture='encoder_only'.")
+    if e.generator_d_model and not e.rtd_head:
+        raise UserError("model.electra.generator_d_model > 0 needs model.electra.rtd_head=True "
+                        "(the generator only feeds the discriminator).")
+    if min(e.generator_d_model, e.generator_d_ff, e.generator_num_heads,
+           e.generator_layers) < 0 or e.rtd_weight < 0:
+        raise UserError("model.electra.generator_* and rtd_weight must be >= 0.")
     if cfg.train.aux_lm_weight < 0 or (cfg.train.aux_lm_weight and (
             m.num_classes <= 0 or m.architecture not in ("decoder_only", "prefix_lm"))):
         raise UserError(f"train.aux_lm_weight={cfg.train.aux_lm_weight}: use 0, or a weight "

@@ -1,12 +1,16 @@
-"""Import / export Hugging Face T5, BERT and GPT-2 checkpoints (local directories only).
+"""Import / export Hugging Face T5, BERT, GPT-2, RoBERTa and ELECTRA checkpoints (local dirs only).
 
 Supported HF classes: T5ForConditionalGeneration (v1.0: relu, tied and rescaled LM head; v1.1:
 gated-gelu, untied), BertForPreTraining (MLM + NSP heads, pooler, token types; also
 BertForMaskedLM, which many BERT checkpoints name while holding the NSP head too) and
 GPT2LMHeadModel; RobertaForMaskedLM (BERT layers without NSP / pooler; HF numbers positions
 from padding_idx + 1, so t5lite's position p is HF's row p + padding_idx + 1; exported with
-``model.hf_class="RobertaForMaskedLM"``. RoBERTa's <s> is id 0, which t5lite's encoder treats
-as padding: feed t5lite inputs that start with a nonzero id). ``hf_to_t5lite`` maps the HF
+``model.hf_class="RobertaForMaskedLM"``. RoBERTa's <s> is id 0, t5lite's padding id: give
+``encoder_segment_ids`` (as seqio's converters do; 0 = padding) and the encoder takes padding
+from them, so <s> is a real token; without segment ids token 0 is padding) and
+ElectraForPreTraining (the discriminator: BERT layers, embeddings of width embedding_size with
+HF's embeddings_project, RTD head; a t5lite ELECTRA with a generator exports its discriminator
+only). ``hf_to_t5lite`` maps the HF
 config.json onto a t5lite Config and every HF tensor onto the t5lite parameter tree (layout:
 t5lite/models/architectures.py docstring), for ``scan_layers`` True (layers stacked on a
 leading axis) or False (``layers_0 ...``).
@@ -39,9 +43,11 @@ SUPPORTED = {
     "BertForMaskedLM": "bert",  # heads present in the file decide (pooler / NSP optional)
     "GPT2LMHeadModel": "gpt2",
     "RobertaForMaskedLM": "roberta",  # the BERT rules on renamed tensors (_roberta_to_bert)
+    "ElectraForPreTraining": "electra",  # the discriminator (BERT layers + RTD head)
 }
 _BY_MODEL_TYPE = {"t5": "T5ForConditionalGeneration", "bert": "BertForPreTraining",
-                  "gpt2": "GPT2LMHeadModel", "roberta": "RobertaForMaskedLM"}
+                  "gpt2": "GPT2LMHeadModel", "roberta": "RobertaForMaskedLM",
+                  "electra": "ElectraForPreTraining"}
 # RoBERTa tensor names -> BERT's (prefix and LM head)
 _ROBERTA_NAMES = (("roberta.", "bert."), ("lm_head.dense.", "cls.predictions.transform.dense."),
                   ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
@@ -208,7 +214,7 @@ def _ffn_from_hf(family: str, hf_cfg: dict) -> str:
         gated, act = proj.startswith("gated-"), proj.split("-")[-1]
         table = _GATED_IN if gated else _ACT_IN
     else:
-        bert = family in ("bert", "roberta")
+        bert = family in ("bert", "roberta", "electra")
         act = hf_cfg.get("hidden_act" if bert else "activation_function",
                          "gelu" if bert else "gelu_new")
         table, proj = _ACT_IN, act
@@ -252,7 +258,7 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
         m.tie_embeddings = scaled and not _t5_has_own_head(tensors or {})
         m.scale_tied_logits = m.tie_embeddings
         cfg.data.feature_lengths = {"inputs": 512, "targets": 114}
-    elif family in ("bert", "roberta"):
+    elif family in ("bert", "roberta", "electra"):
         if g("position_embedding_type", "absolute") != "absolute":
             raise UserError("only BERT with position_embedding_type='absolute' is supported.")
         if g("is_decoder") or g("add_cross_attention"):
@@ -272,6 +278,11 @@ def config_from_hf(hf_cfg: dict, tensors: Optional[dict] = None,
             m.max_length -= _roberta_offset(hf_cfg)
             m.hf_class = "RobertaForMaskedLM"
             tensors = tensors if tensors is not None else {}
+        if family == "electra":  # no pooler, NSP or MLM head; embeddings may be narrower
+            e = g("embedding_size", m.d_model)
+            m.embed_dim = 0 if e == m.d_model else e
+            m.electra.rtd_head = True
+            tensors = {}
         if tensors is None:  # no weights to look at: BertForPreTraining has both heads
             tensors = {"cls.seq_relationship.weight": 1, "bert.pooler.dense.weight": 1}
         m.nsp_head = "cls.seq_relationship.weight" in tensors
@@ -331,8 +342,14 @@ def family_of(m) -> str:
     if m.hf_class == "RobertaForMaskedLM":
         fam = "roberta"
         want["roberta"] = dict(want["bert"], nsp_head=False, pooler=False)
+    if fam == "bert" and m.electra.rtd_head:  # the discriminator (a generator is left out)
+        fam = "electra"
+        want["electra"] = dict(want["bert"], nsp_head=False, pooler=False, hf_class="")
+
     bad = [f"{k}={getattr(m, k)!r} (needs {v!r})" for k, v in want[fam].items()
            if getattr(m, k) != v]
+    if m.embed_dim and fam != "electra":
+        bad.append(f"embed_dim={m.embed_dim} (only ELECTRA exports a narrower embedding)")
     if fam != "t5" and m.d_model != m.num_heads * m.head_dim:
         bad.append(f"d_model={m.d_model} != num_heads*head_dim={m.num_heads * m.head_dim}")
     if fam == "gpt2" and m.tie_embeddings and m.scale_tied_logits:
@@ -385,6 +402,18 @@ def config_to_hf(m) -> dict:
             "initializer_range": m.init_std or 0.02, "layer_norm_eps": m.norm_eps,
             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
             "position_embedding_type": "absolute", "tie_word_embeddings": m.tie_embeddings,
+        }
+    if fam == "electra":
+        return {
+            "architectures": ["ElectraForPreTraining"], "model_type": "electra",
+            "vocab_size": m.vocab_size, "embedding_size": m.embed_dim or m.d_model,
+            "hidden_size": m.d_model, "num_hidden_layers": m.num_encoder_layers,
+            "num_attention_heads": m.num_heads, "intermediate_size": m.d_ff,
+            "hidden_act": _ACT_OUT[m.ffn], "hidden_dropout_prob": m.dropout_rate,
+            "attention_probs_dropout_prob": m.dropout_rate,
+            "max_position_embeddings": m.max_length, "type_vocab_size": m.num_token_types,
+            "initializer_range": m.init_std or 0.02, "layer_norm_eps": m.norm_eps,
+            "pad_token_id": 0, "position_embedding_type": "absolute",
         }
     if fam == "bert":
         return {
@@ -497,17 +526,21 @@ def _t5_rules(m) -> tuple[list, set]:
     return rules, ignorable
 
 
-def _bert_rules(m) -> tuple[list, set]:
-    d, f, v = m.d_model, m.d_ff, m.vocab_size
-    e = "bert.embeddings"
-    rules = [Rule(("token_embedder", "embedding"), f"{e}.word_embeddings.weight", (v, d)),
+def _bert_encoder_rules(m, prefix: str) -> list:
+    """Embeddings (width embed_dim or d_model, + ELECTRA's embeddings_project) and layers."""
+    d, f, v, w = m.d_model, m.d_ff, m.vocab_size, m.embed_dim or m.d_model
+    e = f"{prefix}.embeddings"
+    rules = [Rule(("token_embedder", "embedding"), f"{e}.word_embeddings.weight", (v, w)),
              Rule(("encoder", "position_embedder", "embedding"),
-                  f"{e}.position_embeddings.weight", (m.max_length, d)),
+                  f"{e}.position_embeddings.weight", (m.max_length, w)),
              Rule(("encoder", "token_type_embedder", "embedding"),
-                  f"{e}.token_type_embeddings.weight", (m.num_token_types, d))]
-    rules += _norm(("encoder", "embed_norm"), f"{e}.LayerNorm", d)
+                  f"{e}.token_type_embeddings.weight", (m.num_token_types, w))]
+    rules += _norm(("encoder", "embed_norm"), f"{e}.LayerNorm", w)
+    if w != d:
+        rules += _linear(("encoder", "embed_project"), f"{prefix}.embeddings_project", w, d,
+                         bias=True)
     for i in range(m.num_encoder_layers):
-        b, p = f"bert.encoder.layer.{i}", ("encoder", "layers")
+        b, p = f"{prefix}.encoder.layer.{i}", ("encoder", "layers")
         for name in ("query", "key", "value"):
             rules += _linear(p + ("attention", name), f"{b}.attention.self.{name}", d, d, i, True)
         rules += _linear(p + ("attention", "out"), f"{b}.attention.output.dense", d, d, i, True)
@@ -515,6 +548,22 @@ def _bert_rules(m) -> tuple[list, set]:
         rules += _linear(p + ("mlp", "wi"), f"{b}.intermediate.dense", d, f, i, True)
         rules += _linear(p + ("mlp", "wo"), f"{b}.output.dense", f, d, i, True)
         rules += _norm(p + ("post_mlp_layer_norm",), f"{b}.output.LayerNorm", d, i)
+    return rules
+
+
+def _electra_rules(m) -> tuple[list, set]:
+    """ElectraForPreTraining: the discriminator; its head is HF ElectraDiscriminatorPredictions."""
+    d = m.d_model
+    rules = _bert_encoder_rules(m, "electra")
+    rules += _linear(("rtd_dense",), "discriminator_predictions.dense", d, d, bias=True)
+    rules += _linear(("rtd_logits",), "discriminator_predictions.dense_prediction", d, 1,
+                     bias=True)
+    return rules, {"electra.embeddings.position_ids", "electra.embeddings.token_type_ids"}
+
+
+def _bert_rules(m) -> tuple[list, set]:
+    d, v = m.d_model, m.vocab_size
+    rules = _bert_encoder_rules(m, "bert")
     if m.pooler:
         rules += _linear(("pooler",), "bert.pooler.dense", d, d, bias=True)
     rules += _linear(("mlm_dense",), "cls.predictions.transform.dense", d, d, bias=True)
@@ -554,7 +603,7 @@ def _gpt2_rules(m) -> tuple[list, set]:
     return rules, ignorable
 
 
-_RULES = {"t5": _t5_rules, "bert": _bert_rules, "gpt2": _gpt2_rules}
+_RULES = {"t5": _t5_rules, "bert": _bert_rules, "gpt2": _gpt2_rules, "electra": _electra_rules}
 
 
 def _leaf_path(rule: Rule, scan: bool) -> tuple:
@@ -642,6 +691,8 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
 
 def _check_tied(family, m, tensors, hf_dir):
     """A 'tied' head stored in the file must equal the embedding, else we would drop it."""
+    if family == "electra":  # no output layer
+        return
     name, emb = {
         "t5": ("lm_head.weight", "shared.weight"),
         "bert": ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
@@ -673,6 +724,9 @@ def t5lite_to_hf(cfg, params, out_dir: str) -> str:
     m = getattr(cfg, "model", cfg)
     family = family_of(m)
     hf_cfg = config_to_hf(m)
+    if family == "electra" and m.electra.generator_d_model:  # export the discriminator
+        m = dataclasses.replace(m, electra=dataclasses.replace(m.electra, generator_d_model=0))
+        params = {k: v for k, v in params.items() if not k.startswith("generator")}
     roberta = family == "roberta"
     family = "bert" if roberta else family
     rules, _ = _RULES[family](m)

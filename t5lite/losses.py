@@ -14,6 +14,9 @@ import math
 
 import jax
 import jax.numpy as jnp
+import optax
+
+from t5lite.models import electra
 
 
 def cross_entropy_with_logits(logits, targets, label_smoothing=0.0, z_loss=0.0):
@@ -101,6 +104,8 @@ def normalizers(cfg, batch) -> dict:
     out["examples"] = jnp.float32(next(iter(batch.values())).shape[0])  # NSP / classification
     if "token_labels" in batch:  # tagging: labelled (first sub-)tokens
         out["tagged"] = jnp.maximum(jnp.sum(_tag_weights(batch)), 1.0)
+    if cfg.model.electra.rtd_head and "encoder_input_tokens" in batch:  # ELECTRA's RTD term
+        out["real_tokens"] = jnp.maximum(jnp.sum(electra.real_tokens(batch)), 1.0)
     if _wants_aux_lm(cfg, batch):
         out["lm_tokens"] = jnp.maximum(jnp.sum(_aux_lm_weights(batch)), 1.0)
     return out
@@ -192,6 +197,8 @@ def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
     metrics = {}
     if any(k in outputs for k in HEAD_OUTPUTS):
         return head_losses(cfg, outputs, batch, norms)
+    if "rtd_logits" in outputs:
+        return electra_loss(cfg, outputs, batch, norms)
 
     t_key, w_key = _token_keys(batch)
     if t_key is None:
@@ -229,5 +236,25 @@ def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
         metrics["nsp_accuracy"] = jnp.sum(
             jnp.argmax(outputs["nsp_logits"], -1) == batch["nsp_labels"]) / norms["examples"]
         loss = loss + nsp
+    metrics["loss"] = loss
+    return loss, metrics
+
+
+def electra_loss(cfg, outputs: dict, batch: dict, norms: dict):
+    """ELECTRA: the generator's MLM loss (compute_loss on its ``logits``) + model.electra.
+    rtd_weight * the discriminator's binary cross entropy, averaged over real tokens."""
+    loss, metrics = 0.0, {}
+    if "logits" in outputs:  # the generator ran (pretraining batch with masked positions)
+        loss, metrics = compute_loss(
+            cfg, {k: v for k, v in outputs.items() if not k.startswith("rtd_")}, batch, norms)
+        metrics["mlm_loss"] = loss
+    w_BL = outputs["rtd_weights"]
+    labels_BL = outputs["rtd_labels"].astype(jnp.float32)
+    bce_BL = optax.sigmoid_binary_cross_entropy(outputs["rtd_logits"], labels_BL)
+    n = norms["real_tokens"]
+    metrics["rtd_loss"] = jnp.sum(bce_BL * w_BL) / n
+    metrics["rtd_accuracy"] = jnp.sum(((outputs["rtd_logits"] > 0) == (labels_BL > 0)) * w_BL) / n
+    metrics["replaced_fraction"] = jnp.sum(labels_BL * w_BL) / n
+    loss = loss + cfg.model.electra.rtd_weight * metrics["rtd_loss"]
     metrics["loss"] = loss
     return loss, metrics

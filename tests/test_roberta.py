@@ -104,3 +104,18 @@ def test_mlm_data_is_drawn_again_every_epoch(data_dir):
     assert both[:len(first) - 1] == first[:-1]
     second = both[len(first):]
     assert len(second) > 100 and not set(second) & set(first)
+
+
+def test_roberta_bos_id_0_is_a_real_token_when_segment_ids_are_given(tmp_path):
+    """RoBERTa's <s> is id 0, t5lite's padding id: with segment ids the encoder takes padding
+    from them, so a real batch (<s> first, some rows padded) matches HF at every position."""
+    hf_model = _hf_roberta(seed=5)
+    cfg, params = convert.hf_to_t5lite(F.save_hf_model(hf_model, tmp_path / "hf"))
+    hf_batch, batch, real = _batch(np.random.default_rng(11))
+    batch["encoder_input_tokens"][:, 0] = 0  # <s>
+    hf_batch["input_ids"][:, 0] = 0
+    with torch.no_grad():
+        ref = hf_model(**hf_batch).logits.numpy()
+    diff = np.abs(_ours(cfg, params, batch) - ref)
+    assert float(diff[real].max()) <= F.PARITY_TOL, float(diff[real].max())
+    assert float(diff[:, 0].max()) <= F.PARITY_TOL

@@ -16,6 +16,8 @@ import numpy as np
 from t5lite.errors import UserError
 from t5lite.models import peft
 from t5lite.models.architectures import ARCHITECTURES
+from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
+from t5lite.models.electra import Electra
 
 # Published parameter counts: HF T5ForConditionalGeneration (t5-small, t5-base,
 # google/t5-v1_1-base), BertModel incl. pooler (bert-base-uncased), GPT2LMHeadModel (gpt2).
@@ -62,6 +64,8 @@ def build_model(cfg) -> nn.Module:
     """The flax module for ``cfg.architecture`` (a ModelConfig or a full Config)."""
     cfg = _model_cfg(cfg)
     check(cfg)
+    if cfg.electra.rtd_head:  # ELECTRA: the encoder_only model with a generator + RTD head
+        return Electra(cfg)
     return ARCHITECTURES[cfg.architecture](cfg)
 
 
@@ -185,7 +189,8 @@ def _counts(params) -> tuple[int, int]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
         n = math.prod(leaf.shape)
         total += n
-        body += 0 if str(getattr(path[0], "key", path[0])).startswith(HEAD_PREFIXES) else n
+        head = str(getattr(path[0], "key", path[0])).startswith(HEAD_PREFIXES + ELECTRA_HEADS)
+        body += 0 if head else n
     return total, body
 
 

@@ -41,10 +41,11 @@ DecoderOnly (GPT-2: position="learned", layernorm with bias, use_bias=True)::
 
 EncoderOnly (BERT: post-norm, embed_norm, token types, use_bias=True)::
 
-    token_embedder/embedding                         [V, D]
+    token_embedder/embedding                         [V, D] (E = model.embed_dim when set)
     encoder/position_embedder/embedding              [max_length, D]
     encoder/token_type_embedder/embedding            [num_token_types, D]
     encoder/embed_norm/{scale, bias}                 (embedding LayerNorm)
+    encoder/embed_project/{kernel [E, D], bias}      (model.embed_dim = E != D; ELECTRA)
     encoder/layers/attention/{query,key,value,out}/{kernel, bias}
     encoder/layers/post_attention_layer_norm/{scale, bias}
     encoder/layers/mlp/{wi, wo}/{kernel, bias}
@@ -76,8 +77,8 @@ from t5lite.models.transformer import Stack
 
 
 def _token_embedder(cfg):
-    return L.Embed(cfg.vocab_size, cfg.d_model, ("vocab", "embed"), L.compute_dtype(cfg),
-                   L.embed_init(cfg))
+    return L.Embed(cfg.vocab_size, cfg.embed_dim or cfg.d_model, ("vocab", "embed"),
+                   L.compute_dtype(cfg), L.embed_init(cfg))
 
 
 def _dense(cfg, features: int, axes, name=None):
@@ -171,7 +172,7 @@ class EncoderOnly(nn.Module):
         cfg = self.cfg
         self.token_embedder = _token_embedder(cfg)
         self.encoder = Stack(cfg, "encoder", self.token_embedder)
-        self.mlm_dense = _dense(cfg, cfg.d_model, ("embed", "mlp"))
+        self.mlm_dense = _dense(cfg, cfg.embed_dim or cfg.d_model, ("embed", "mlp"))
         self.mlm_norm = L.Norm(cfg.norm, cfg.norm_eps, L.compute_dtype(cfg))
         self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(
             nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), jnp.float32)

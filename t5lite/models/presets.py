@@ -140,6 +140,41 @@ def roberta(size: str) -> Config:
     return Config(name=f"roberta_{size}", model=m, data=data, optim=optim, train=train)
 
 
+# ELECTRA (Clark et al. 2020): d_model, d_ff, heads, head_dim, layers, embedding width,
+# generator width. Small = HF google/electra-small-discriminator (embedding_size 128, hidden
+# 256, 12 layers, 4 heads, FFN 1024). The generator is 1/4 of the discriminator's hidden / FFN /
+# heads for Small (paper Table 6: 1/4 Small and Large, 1/3 Base); HF's released
+# google/electra-small-generator is wider (hidden 256, 4 heads: the "Small++" recipe).
+# tiny: BERT tiny's encoder, so the two compare at equal size.
+ELECTRA = {
+    "tiny": (128, 512, 4, 32, 2, 128, 32),
+    "small": (256, 1024, 4, 64, 12, 128, 64),
+}
+
+
+def electra(size: str) -> Config:
+    """ELECTRA: BERT's layers and embeddings (embedding width E, projected to d_model), no
+    pooler / NSP / MLM head; a generator (MLM, shared embeddings) samples replacements at the
+    masked positions and the discriminator's RTD head labels every token (lambda = 50)."""
+    d, f, h, k, n, e, g = _size(ELECTRA, "ELECTRA", size)
+    tiny = size == "tiny"
+    base = bert("tiny" if tiny else "base")
+    m = dataclasses.replace(base.model, vocab_size=TINY_VOCAB if tiny else 30522,
+                            num_encoder_layers=n, embed_dim=0 if e == d else e, pooler=False,
+                            nsp_head=False, **_common(size, d, f, h, k))
+    m.electra = dataclasses.replace(m.electra, rtd_head=True, generator_d_model=g,
+                                    generator_d_ff=f * g // d, generator_num_heads=h * g // d)
+    data = dataclasses.replace(base.data, mixture_or_task="corpus_mlm" if tiny
+                               else "corpus_mlm_bert", pack=False)
+    # BERT's optimizer with its global-norm clipping at 1.0 (Google BERT / ELECTRA code): the
+    # 50 x RTD gradient unclipped collapsed the tiny discriminator to the all-original prior
+    optim = dataclasses.replace(base.optim, clip_grad_norm=1.0)
+    train = base.train
+    if not tiny:
+        data.batch_size, data.feature_lengths = 128, {"inputs": 128}
+    return Config(name=f"electra_{size}", model=m, data=data, optim=optim, train=train)
+
+
 def gpt2(size: str) -> Config:
     """GPT-2: pre-norm LayerNorm (eps 1e-5), tanh GELU, biases, 1024 learned positions, tied
     LM head without rescale."""

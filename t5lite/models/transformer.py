@@ -120,18 +120,26 @@ class Stack(nn.Module):
     # shared encoder-decoder: the decoder Stack whose layers, relative position bias and final
     # norm this encoder uses (the paper's "Enc-dec, shared", as its reference shares all)
     shared: Optional[nn.Module] = None
+    # ELECTRA's generator: the stack whose position / token-type embeddings and embedding norm
+    # this one uses (the token embedder is shared through ``embedder``)
+    embeddings_from: Optional[nn.Module] = None
 
     def setup(self):
         cfg = self.cfg
         dtype = L.compute_dtype(cfg)
-        if cfg.position == "learned":
-            self.position_embedder = L.Embed(cfg.max_length, cfg.d_model, ("abspos", "embed"),
+        e = cfg.embed_dim or cfg.d_model
+        if cfg.position == "learned" and self.embeddings_from is None:
+            self.position_embedder = L.Embed(cfg.max_length, e, ("abspos", "embed"),
                                              dtype, L.embed_init(cfg))
-        if cfg.num_token_types > 0 and self.kind == "encoder":
-            self.token_type_embedder = L.Embed(cfg.num_token_types, cfg.d_model,
+        if cfg.num_token_types > 0 and self.kind == "encoder" and self.embeddings_from is None:
+            self.token_type_embedder = L.Embed(cfg.num_token_types, e,
                                                ("token_types", "embed"), dtype, L.embed_init(cfg))
-        if cfg.embed_norm:
+        if cfg.embed_norm and self.embeddings_from is None:
             self.embed_norm = L.Norm(cfg.norm, cfg.norm_eps, dtype)
+        if e != cfg.d_model:  # HF ELECTRA's embeddings_project
+            self.embed_project = L.DenseGeneral((cfg.d_model,), ("embed", "mlp"),
+                                                use_bias=cfg.use_bias, dtype=dtype,
+                                                init=L.kernel_init(cfg))
         if cfg.position == "relative" and self.shared is None:
             bidirectional = self.kind == "encoder" or cfg.architecture == "prefix_lm"
             self.relpos_bias = L.RelativePositionBias(
@@ -186,8 +194,10 @@ class Stack(nn.Module):
         """Embed the tokens and build the per-stack context (mask + position bias, ...)."""
         cfg = self.cfg
         b, t = tokens_BL.shape
-        if self.kind == "encoder":  # padding = token 0 (T5 and BERT vocabularies)
+        if self.kind == "encoder" and segments_BL is None:  # padding = token 0 (T5, BERT)
             q_valid_BL = tokens_BL != 0
+        elif self.kind == "encoder":  # segment 0 = padding; a real token may be id 0 (RoBERTa <s>)
+            q_valid_BL = segments_BL != 0
         else:  # decoder inputs start with id 0 (BOS): only segment ids mark padding
             q_valid_BL = jnp.ones((b, t), bool) if segments_BL is None else segments_BL != 0
         if decode:
@@ -248,17 +258,20 @@ class Stack(nn.Module):
 
     def embed(self, tokens_BL, positions_BL, token_types_BL=None, deterministic=True):
         cfg = self.cfg
+        own = self if self.embeddings_from is None else self.embeddings_from
         x_BLD = self.embedder(tokens_BL)
         if cfg.position == "learned":
-            x_BLD = x_BLD + self.position_embedder(positions_BL)
+            x_BLD = x_BLD + own.position_embedder(positions_BL)
         elif cfg.position == "sinusoidal":
             x_BLD = x_BLD + L.sinusoidal(positions_BL, cfg.d_model).astype(x_BLD.dtype)
         if cfg.num_token_types > 0 and self.kind == "encoder":
-            x_BLD = x_BLD + self.token_type_embedder(
+            x_BLD = x_BLD + own.token_type_embedder(
                 L.maybe(token_types_BL, jnp.zeros_like(tokens_BL)))
         if cfg.embed_norm:
-            x_BLD = self.embed_norm(x_BLD)
+            x_BLD = own.embed_norm(x_BLD)
         x_BLD = self.dropout(x_BLD, deterministic=deterministic)
+        if (cfg.embed_dim or cfg.d_model) != cfg.d_model:
+            x_BLD = self.embed_project(x_BLD)
         return L.constrain(x_BLD, ("batch", "length", "embed"))
 
     def run_layers(self, x_BLD, ctx, deterministic=True, decode=False, layers=None):
