@@ -38,9 +38,17 @@ def test_models_and_tasks_list_do_not_import_tensorflow(tmp_path):
 
 def test_task_catalog_is_what_seqio_registers():
     """Every built-in task and mixture, as `tasks list` shows it, equals the seqio registry's
-    (a task registered without its task_catalog row, or with another one, fails here)."""
-    from t5lite.tasks import inspect
-    live = inspect.task_rows()
+    (a task registered without its task_catalog row, or with another one, fails here).
+    The registry is read in a fresh process: other tests register their own tasks into this
+    process's seqio registry (test_formats' glue_* on fixtures), which `tasks list` would not
+    show a user."""
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import json; from t5lite.tasks import inspect; "
+         "print(json.dumps(inspect.task_rows()))"],
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    live = json.loads(proc.stdout.strip().splitlines()[-1])
     catalog = [{"cells": r.cells(), "needs": list(r.needs)} for r in task_catalog.rows()]
     names = {r["cells"][0] for r in catalog}, {r["cells"][0] for r in live}
     assert names[0] == names[1], (
