@@ -44,8 +44,8 @@ def test_task_catalog_is_what_seqio_registers():
     show a user."""
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-c", "import json; from t5lite.tasks import inspect; "
-         "print(json.dumps(inspect.task_rows()))"],
+        [sys.executable, "-c", "import json; from t5lite.tasks import listing; "
+         "print(json.dumps(listing.task_rows()))"],
         env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     live = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -58,7 +58,8 @@ def test_task_catalog_is_what_seqio_registers():
 
 
 @pytest.mark.parametrize("name", ["t5_1_0_tiny", "t5_1_1_tiny", "bert_tiny", "gpt2_tiny",
-                                  "tiny_gpt_classify", "tiny_bert_sentiment"])
+                                  "tiny_gpt_classify", "tiny_bert_sentiment", "electra_tiny",
+                                  "tiny_spanbert"])
 def test_layerwise_counts_equal_the_full_trace(name):
     cfg = config_lib.load_config(name).model
     assert layerwise_counts(cfg) == _counts(abstract_params(cfg))

@@ -162,13 +162,13 @@ def test_every_local_finetune_task_reads(data_dir):
             assert max(fn([target], [target]).values()) == pytest.approx(100.0)
 
 
-def test_inspect(data_dir):
-    from t5lite.tasks import inspect
-    table = inspect.list_tasks()
+def test_task_listing(data_dir):
+    from t5lite.tasks import listing
+    table = listing.list_tasks()
     assert "corpus_span_corruption" in table and "finetune_local" in table
-    shown = inspect.show_task("sentiment", split="validation", num_examples=2)
+    shown = listing.show_task("sentiment", split="validation", num_examples=2)
     assert shown.count("--- example") == 2 and "sst2 sentence:" in shown
-    shown = inspect.show_task("corpus_span_corruption", num_examples=1)
+    shown = listing.show_task("corpus_span_corruption", num_examples=1)
     assert "<extra_id_0>" in shown
 
 

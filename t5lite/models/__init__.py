@@ -169,9 +169,13 @@ def layerwise_counts(cfg) -> tuple[int, int]:
     stack (nn.scan's lifting), and `t5lite models` traces every config.
     """
     cfg = _model_cfg(cfg)
-    depth = {"encoder": cfg.num_encoder_layers, "decoder": cfg.num_decoder_layers}
-    one = dataclasses.replace(cfg, scan_layers=False, num_encoder_layers=min(1, depth["encoder"]),
-                              num_decoder_layers=min(1, depth["decoder"]))
+    depth = {"encoder": cfg.num_encoder_layers, "decoder": cfg.num_decoder_layers,
+             # ELECTRA's generator stack (models/electra.py): its own depth
+             "generator": cfg.electra.generator_layers or cfg.num_encoder_layers}
+    one = dataclasses.replace(
+        cfg, scan_layers=False, num_encoder_layers=min(1, depth["encoder"]),
+        num_decoder_layers=min(1, depth["decoder"]),
+        electra=dataclasses.replace(cfg.electra, generator_layers=min(1, depth["generator"])))
     total = body = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(abstract_params(one)))[0]:
         keys = [str(getattr(k, "key", k)) for k in path]
@@ -179,7 +183,7 @@ def layerwise_counts(cfg) -> tuple[int, int]:
         if len(keys) > 1 and keys[1] == "layers_0":
             n *= depth[keys[0]]
         total += n
-        body += 0 if keys[0].startswith(HEAD_PREFIXES) else n
+        body += 0 if keys[0].startswith(HEAD_PREFIXES + ELECTRA_HEADS) else n
     return total, body
 
 

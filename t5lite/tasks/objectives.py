@@ -130,11 +130,6 @@ NOISE_MASKS = {"spans": random_spans_noise_mask, "iid": iid_noise_mask}
 # ----------------------------------------------------------------------------- inputs / targets
 
 
-def sentinel_ids(vocabulary, num):
-    """The first ``num`` sentinels: vocab_size - 1, vocab_size - 2, ..."""
-    return vocabulary.vocab_size - 1 - tf.range(num)
-
-
 def noise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None):
     """Replace each noise span by one sentinel (counting down from the vocab end)."""
     del seeds
@@ -332,7 +327,6 @@ def denoise(dataset, output_features, sequence_length=None, *, noise_density=0.1
 
 span_corruption = functools.partial(denoise, noise_mask="spans")
 iid_denoising = functools.partial(denoise, noise_mask="iid")
-replace_spans = iid_denoising
 drop_tokens = functools.partial(denoise, noise_mask="iid", inputs_fn="drop_noise_tokens",
                                 targets_fn="drop_nonnoise_tokens")
 # The paper's "BERT-style" row (Section 3.3.1, T5's bert-style gin): of the corrupted tokens 90%
