@@ -56,7 +56,7 @@ def _common(size: str, d, f, h, k) -> dict:
     return dict(d_model=d, d_ff=f, num_heads=h, head_dim=k,
                 dtype="float32" if size == "tiny" else "bfloat16",
                 remat="full" if size in BIG else "none",
-                # 2-layer stacks: loop-free layers (same params), ~10-20% faster CPU steps
+                # 2-layer stacks: loop-free layers (same params), faster CPU steps
                 scan_unroll=0 if size == "tiny" else 1)
 
 
