@@ -17,23 +17,18 @@ import dataclasses
 import jax
 
 from t5lite import config as config_lib
-from t5lite import partitioning, trainer
-from t5lite.models import build_model, dummy_batch, peft
+from t5lite import aot, partitioning
+from t5lite.models import build_model, peft
 
 
 def step_memory(cfg, all_grads: bool = False):
     """(temp, argument) bytes of cfg's compiled train step on one device."""
-    model = build_model(cfg.model)
     mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
-    tx = peft.make_optimizer(cfg, cfg.train.steps)
-    abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
-    trainable = jax.tree.map(lambda _: True, shardings.params) if all_grads else None
-    step = trainer.make_train_step(cfg, model, tx, mesh, shardings, trainable=trainable)
-    bsh = partitioning.batch_sharding(mesh)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh) for k, v in
-             dummy_batch(cfg.model, cfg.data.batch_size, cfg.data.feature_lengths).items()}
+    _, traced = aot.trace_train_step(cfg, mesh, build_model(cfg.model),
+                                      peft.make_optimizer(cfg, cfg.train.steps),
+                                      differentiate_all=all_grads)
     with partitioning.activate(mesh):
-        m = step.jitted.lower(abstract, batch).compile().memory_analysis()
+        m = traced.lower().compile().memory_analysis()
     return m.temp_size_in_bytes, m.argument_size_in_bytes
 
 

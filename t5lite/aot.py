@@ -323,13 +323,33 @@ def compile_step(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
                 headroom_bytes=hbm - total)
 
 
+def trace_train_step(cfg, mesh, model, tx, differentiate_all: bool = False):
+    """The real train step traced with ShapeDtypeStructs on ``mesh`` -> (abstract train state,
+    traced); ``traced.lower().compile().memory_analysis()`` gives its bytes. Used for any
+    devices (abstract TPU ones here; one CPU device in the PEFT memory test and bench).
+    ``differentiate_all``: gradients of every param, as before issue 19 (for comparisons)."""
+    import jax
+
+    from t5lite import partitioning, trainer
+    from t5lite.models import dummy_batch
+
+    abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
+    trainable = jax.tree.map(lambda _: True, shardings.params) if differentiate_all else None
+    step = trainer.make_train_step(cfg, model, tx, mesh, shardings, trainable=trainable)
+    bsh = partitioning.batch_sharding(mesh)
+    host = dummy_batch(cfg.model, cfg.data.batch_size, cfg.data.feature_lengths)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh) for k, v in host.items()}
+    with partitioning.activate(mesh):
+        return abstract, step.jitted.trace(abstract, batch)
+
+
 def _compile(cfg, topo: Topology, devices=None) -> dict:
     import time
 
     import jax
 
     from t5lite import partitioning, trainer
-    from t5lite.models import build_model, dummy_batch, layers, peft
+    from t5lite.models import build_model, layers, peft
 
     devices = devices if devices is not None else abstract_devices(topo)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
@@ -338,13 +358,8 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     tx = peft.make_optimizer(cfg, cfg.train.steps)
     t0 = time.time()
     with layers.target_platform("tpu"):
-        abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
-        step = trainer.make_train_step(cfg, model, tx, mesh, shardings)
-        bsh = partitioning.batch_sharding(mesh)
-        host = dummy_batch(cfg.model, cfg.data.batch_size, cfg.data.feature_lengths)
-        batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh) for k, v in host.items()}
+        abstract, traced = trace_train_step(cfg, mesh, model, tx)
         with partitioning.activate(mesh):
-            traced = step.jitted.trace(abstract, batch)
             lowered = traced.lower()
         with partitioning.activate(mesh):
             model_flops = trainer.step_flops(cfg, model, mesh, abstract.params,

@@ -384,17 +384,12 @@ def test_trainer_logs_counts_and_writes_peft_params(tmp_path, capsys):
 
 def _train_step_memory(cfg):
     """(temp, argument) bytes of the compiled train step on one CPU device (deterministic)."""
-    from t5lite.models import dummy_batch
-    model = build_model(cfg.model)
+    from t5lite import aot
     mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
-    tx = peft.make_optimizer(cfg, cfg.train.steps)
-    abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
-    step = trainer.make_train_step(cfg, model, tx, mesh, shardings)
-    bsh = partitioning.batch_sharding(mesh)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bsh) for k, v in
-             dummy_batch(cfg.model, cfg.data.batch_size, cfg.data.feature_lengths).items()}
+    _, traced = aot.trace_train_step(cfg, mesh, build_model(cfg.model),
+                                      peft.make_optimizer(cfg, cfg.train.steps))
     with partitioning.activate(mesh):
-        m = step.jitted.lower(abstract, batch).compile().memory_analysis()
+        m = traced.lower().compile().memory_analysis()
     return m.temp_size_in_bytes, m.argument_size_in_bytes
 
 
