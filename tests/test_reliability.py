@@ -50,6 +50,15 @@ def run_cli(capsys, args):
     return code, mine, out + err
 
 
+def _in_flight(rel: str) -> bool:
+    """A temporary file of a write in flight in a live run, gone a moment later, not history:
+    our atomic writes (*.tmp), tf.train.Checkpoint's sharded save (<prefix>_temp/ with
+    *.tempstate* parts: the data state) and orbax's *.orbax-checkpoint-tmp* directories."""
+    parts = rel.split(os.sep)
+    return (parts[-1].endswith(".tmp") or ".tempstate" in parts[-1]
+            or any(p.endswith("_temp") or "orbax-checkpoint-tmp" in p for p in parts[:-1]))
+
+
 def snapshot(workdir) -> dict:
     """relative path -> sha256 of every file (TensorBoard event files, the lock and in-flight
     temp files aside);
@@ -58,8 +67,8 @@ def snapshot(workdir) -> dict:
     for dirpath, _, files in os.walk(workdir):
         for f in files:
             rel = os.path.relpath(os.path.join(dirpath, f), workdir)
-            if rel.startswith("tensorboard") or rel == ".lock" or f.endswith(".tmp"):
-                continue  # (.tmp: an atomic write in flight in a live run, gone a moment later)
+            if rel.startswith("tensorboard") or rel == ".lock" or _in_flight(rel):
+                continue
             with open(os.path.join(dirpath, f), "rb") as fh:
                 data = fh.read()
             # goodput.json is the run's time accounting: a resume appends its run to "runs"
