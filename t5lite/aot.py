@@ -508,6 +508,66 @@ def _tokens(cfg) -> int:
     return cfg.data.batch_size * per_row
 
 
+def analytic_bytes(cfg, mesh: dict, params: int, opt_state: int) -> dict:
+    """The least per-chip memory the step can live in, from the shapes alone -> {state,
+    saved, working, logits, total} bytes. ``params`` / ``opt_state``: per-chip bytes as
+    sharded (the compile's arguments).
+
+    - state: parameters + their float32 gradients (sharded as the parameters) + optimizer
+      state;
+    - saved: what the backward pass needs from the forward, per layer in the compute dtype,
+      by remat policy: ``full`` the layer input; ``minimal`` also the named projection outputs
+      (q, k, v, attention out, MLP wi / wo); ``none`` every activation the layer's gradient
+      reads (norm inputs and outputs, q, k, v, the attention probabilities, the attention
+      output, the MLP pre-activations and hidden);
+    - working: one layer's activations as with ``none`` (being recomputed or differentiated)
+      plus its gathered bf16 weights (fsdp all-gathers one layer at a time);
+    - logits: the output layer's logits in float32 and the compute dtype (the loss and its
+      gradient read them).
+    Tokens per chip divide the batch by data x fsdp; heads and MLP width divide by tensor.
+    A lower bound of what XLA allocates: the compiled temporaries add fusion buffers, the
+    collectives' landing buffers and prefetch double-buffering."""
+    m = cfg.model
+    it = 2 if m.dtype == "bfloat16" else 4
+    shards = max(mesh.get("data", 1) * mesh.get("fsdp", 1), 1)
+    tp = max(mesh.get("tensor", 1), 1)
+    seqs = cfg.data.batch_size / shards
+    lengths = cfg.data.feature_lengths
+    d, hk, h = m.d_model, m.num_heads * m.head_dim / tp, m.num_heads / tp
+    f = m.d_ff / tp
+    gated = m.ffn in ("glu", "geglu", "reglu", "swiglu", "bilinear")
+    wi = f * (2 if gated else 1)
+
+    def layer(t, s_self, s_cross=0):
+        """Per-sequence element counts of one layer on t tokens: (saved by policy, all)."""
+        attn = 2 * d + 3 * hk + h * s_self + hk
+        mlp = 2 * d + wi + f
+        cross = (2 * d + hk + h * s_cross + hk) * t + 2 * hk * s_cross if s_cross else 0
+        everything = (attn + mlp) * t + cross
+        named = (d + 3 * hk + d + wi + d) * t + (hk + d) * t * bool(s_cross) + (
+            2 * hk * s_cross)
+        return {"full": d * t, "minimal": named, "none": everything}[m.remat], everything
+
+    arch = m.architecture
+    if arch == "encoder_decoder":
+        t_in, t_out = lengths.get("inputs", 0), lengths.get("targets", 0)
+        stacks = [(m.num_encoder_layers, layer(t_in, t_in)),
+                  (m.num_decoder_layers, layer(t_out, t_out, t_in))]
+        t_logits = t_out
+    else:
+        t = lengths.get("inputs", 0) if arch == "encoder_only" else sum(lengths.values())
+        n = m.num_encoder_layers if arch == "encoder_only" else m.num_decoder_layers
+        stacks = [(n, layer(t, t))]
+        t_logits = t
+    saved = sum(n * s for n, (s, _) in stacks) * seqs * it
+    layer_params = (4 * m.num_heads * m.head_dim * d + (3 if gated else 2) * m.d_ff * d) / tp
+    working = max(a for _, (_, a) in stacks) * seqs * it + 2 * layer_params
+    logits = seqs * t_logits * m.vocab_size / tp * (4 + it)
+    state = 2 * params + opt_state
+    parts = {"state": state, "saved": saved, "working": working, "logits": logits}
+    return dict({k: int(v) for k, v in parts.items()}, total=int(sum(parts.values())))
+
+
 _CACHE: dict = {}  # (config JSON, topology) -> report: --search revisits configs
 
 
@@ -604,6 +664,7 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
              "ici": coll_bytes / chip.ici_bw}
     est = max(times.values())
     model_per_chip = model_flops / chips
+    floor = analytic_bytes(cfg, dict(mesh.shape), params, opt)
     return {
         "config": cfg.name,
         "compiled": True,
@@ -621,6 +682,8 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
                            "outputs": mem.output_size_in_bytes,
                            "aliased": mem.alias_size_in_bytes,
                            "temp": mem.temp_size_in_bytes, "total": total},
+        "analytic_bytes_per_chip": floor,
+        "total_over_analytic": total / max(floor["total"], 1),
         "flops_per_chip": flops,
         "model_flops_per_chip": model_per_chip,
         "model_flops_with_remat_per_chip": full / chips,

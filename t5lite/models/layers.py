@@ -50,6 +50,17 @@ def cpu_gradients() -> bool:
     return (_TARGET_PLATFORM.get() or jax.default_backend()) == "cpu"
 
 
+def recompute_in_backward(fn):
+    """``fn`` (elementwise: a norm, an activation) whose backward pass recomputes its inside
+    from its inputs instead of keeping every intermediate (jax.checkpoint). Autodiff keeps
+    them all: an RMSNorm three float32 copies of its [B, L, D] input, tanh-GeLU five [B, L, F]
+    arrays. XLA drops such residuals itself when the layers are unrolled, but not across a
+    scanned layer's loop boundary, where they become stacked [layers, ...] buffers (T5 base,
+    16 x 512 tokens per chip: ~0.4 GiB per layer). Off on CPU, where memory is not the limit
+    and the recompute would cost step time."""
+    return fn if cpu_gradients() else jax.checkpoint(fn)
+
+
 def dot(x, w, n_in: int = 1, tied: bool = False):
     """x [..., *in] . w [*in, *out] (tied: x [..., D] . w^T with w = E [V, D])."""
     if cpu_gradients():
@@ -206,16 +217,21 @@ class Norm(nn.Module):
     @nn.compact
     def __call__(self, x):
         d = x.shape[-1]
+        scale = self.param("scale", nn.with_logical_partitioning(
+            nn.initializers.ones, ("embed",)), (d,), jnp.float32)
+        bias = None
+        if self.kind == "layernorm":
+            bias = self.param("bias", nn.with_logical_partitioning(
+                nn.initializers.zeros, ("embed",)), (d,), jnp.float32)
+        return recompute_in_backward(self._normalize)(x, scale, bias)
+
+    def _normalize(self, x, scale, bias):
         x32 = x.astype(jnp.float32)
         if self.kind == "layernorm":
             x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
-        scale = self.param("scale", nn.with_logical_partitioning(
-            nn.initializers.ones, ("embed",)), (d,), jnp.float32)
         y = y * scale
-        if self.kind == "layernorm":
-            bias = self.param("bias", nn.with_logical_partitioning(
-                nn.initializers.zeros, ("embed",)), (d,), jnp.float32)
+        if bias is not None:
             y = y + bias
         return y.astype(self.dtype)
 
@@ -331,6 +347,42 @@ _add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 # ----------------------------------------------------------------------------- attention
 
 
+def softmax_to(logits, dtype):
+    """softmax(logits) over the last axis in float32, returned in ``dtype``.
+
+    When ``dtype`` is narrower than float32 (bf16 compute), the backward pass keeps only these
+    ``dtype`` probabilities (which the value product needs anyway) instead of autodiff's float32
+    ones: softmax' = y (g - sum(g y)) evaluated in float32 from the rounded y. The float32
+    probabilities are the largest activation of an attention layer (B H T S x 4 bytes: at
+    T5 base with 16 sequences of 512 per chip, 192 MiB per encoder layer, 2.25 GiB across
+    12 layers); t5x computes the whole softmax in bf16 instead (float32_attention_logits off).
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype.itemsize >= 4:
+        return jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
+    return _softmax_narrow(logits, dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _softmax_narrow(logits, dtype):
+    return jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
+
+
+def _softmax_narrow_fwd(logits, dtype):
+    y = _softmax_narrow(logits, dtype)
+    return y, (y, jnp.zeros((), logits.dtype))
+
+
+def _softmax_narrow_bwd(dtype, res, g):
+    y, like = res
+    y32, g32 = y.astype(jnp.float32), g.astype(jnp.float32)
+    dx = y32 * (g32 - jnp.sum(g32 * y32, axis=-1, keepdims=True))
+    return (dx.astype(like.dtype),)
+
+
+_softmax_narrow.defvjp(_softmax_narrow_fwd, _softmax_narrow_bwd)
+
+
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention; masks and position biases arrive as one additive bias.
 
@@ -382,7 +434,7 @@ class MultiHeadAttention(nn.Module):
         if cfg.scale_attn_logits:
             q_BTHK = q_BTHK * jnp.asarray(k ** -0.5, dtype)
         logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
-        weights_BHTS = jax.nn.softmax(logits_BHTS + bias_BHTS, axis=-1).astype(dtype)
+        weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
         weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS, deterministic=deterministic)
         out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
         out_BTD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("heads", "kv", "embed"),
@@ -445,10 +497,12 @@ class MLP(nn.Module):
                                   use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg))
         kw = self.dense_kwargs
         if cfg.ffn in GATED:
-            h_BLF = (act(checkpoint_name(dense(name="wi_0", **kw("wi_0"))(x_BLD), "mlpwi_0"))
-                     * checkpoint_name(dense(name="wi_1", **kw("wi_1"))(x_BLD), "mlpwi_1"))
+            h_BLF = recompute_in_backward(lambda a, b: act(a) * b)(
+                checkpoint_name(dense(name="wi_0", **kw("wi_0"))(x_BLD), "mlpwi_0"),
+                checkpoint_name(dense(name="wi_1", **kw("wi_1"))(x_BLD), "mlpwi_1"))
         else:
-            h_BLF = act(checkpoint_name(dense(name="wi", **kw("wi"))(x_BLD), "mlpwi"))
+            h_BLF = recompute_in_backward(act)(
+                checkpoint_name(dense(name="wi", **kw("wi"))(x_BLD), "mlpwi"))
         h_BLF = self.adapt_hidden(h_BLF)
         h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
         h_BLF = nn.Dropout(cfg.dropout_rate)(h_BLF, deterministic=deterministic)
