@@ -8,9 +8,8 @@ minimum, fits, compiled vs model FLOPs, the roofline's estimated MFU. Results ar
 the JSONL file as each compile finishes (big presets take many minutes on 2 cores) and
 TPU_PLAN.md is re-rendered from it, so rows never compiled say so.
 
-Analytic minimum per chip = parameters + gradients (float32, sharded as the parameters) +
-optimizer state (as sharded) + with remat=full the saved layer inputs (tokens per chip x
-d_model x 2 bytes (bf16) x layers); without remat the activations are not modelled.
+Analytic minimum per chip: t5lite.aot.analytic_bytes (state + saved activations by remat
+policy + one layer's working set + logits), in every compile report.
 """
 
 from __future__ import annotations
@@ -51,14 +50,12 @@ GiB = 1024 ** 3
 
 
 def analytic_min(cfg, r) -> float:
-    """params + grads + optimizer state per chip, + the saved layer inputs with remat=full."""
+    """aot.analytic_bytes of the report (rows written before it existed: computed here)."""
+    from t5lite import aot
+    if "analytic_bytes_per_chip" in r:
+        return r["analytic_bytes_per_chip"]["total"]
     b = r["bytes_per_chip"]
-    state = 2 * b["params"] + b["opt_state"]
-    if cfg.model.remat != "full":
-        return state
-    m = cfg.model
-    layers = m.num_encoder_layers + m.num_decoder_layers
-    return state + r["tokens_per_step"] / r["chips"] * m.d_model * 2 * layers
+    return aot.analytic_bytes(cfg, r["mesh"], b["params"], b["opt_state"])["total"]
 
 
 def run_row(name: str) -> dict:
@@ -87,10 +84,10 @@ def render(jsonl: str, out: str) -> None:
         "# TPU plan: every preset compiled for a TPU slice on a CPU host",
         "",
         "Written by `python bench/tpu_plan.py` (t5lite.aot, jax 0.10.2 + libtpu 0.0.42.1, no "
-        "TPU). Per chip; GiB = 2^30 bytes. *min* = params + grads + optimizer state (+ saved "
-        "layer inputs with remat=full; without remat the activations are not modelled, so "
-        "temp is the activations), see the script. FLOPs: compiled (cost_analysis x the "
-        "loop scale) / model (3 x forward matmuls, + remat recompute). MFU: roofline "
+        "TPU). Per chip; GiB = 2^30 bytes. *min* = params + grads + optimizer state + the "
+        "activations the remat policy saves + one layer's working set + logits "
+        "(t5lite.aot.analytic_bytes). FLOPs: compiled (the HLO's matmuls, every loop x its "
+        "trip count) / model (3 x forward matmuls, + remat recompute). MFU: roofline "
         "estimate (max of compute, HBM and ICI time) from the chip table in t5lite/aot.py.",
         "",
         "| preset | slice | mesh | remat | batch | GiB/chip (params+opt / temp / total) | "
@@ -135,14 +132,13 @@ def render(jsonl: str, out: str) -> None:
               "row. A row that XLA refused (its temporaries exceed HBM) is a measured *does "
               "not fit*: the preset needs remat, micro-batches or more chips there "
               "(`t5lite compile --search` finds which).", "",
-              "Caveats: the memory figures are XLA's own; FLOPs and bytes of scanned layers "
-              "are scaled by the loop trip counts (cost_analysis counts a loop body once), "
-              "bytes by the ratio of values produced inside and outside the loops (an "
-              "estimate), so the HBM term of the roofline, and with it the MFU, is the "
-              "least certain number here. A compiled / model FLOPs ratio below 1 is XLA's "
-              "count (its TPU cost model counts fewer FLOPs than the matmuls even without "
-              "loops, and fewer again with remat inside scanned layers; bench/RESULTS.md), "
-              "not missing work."]
+              "Caveats: the memory figures are XLA's own. Rows compiled before aot.hlo_costs "
+              "(their JSON has no analytic_bytes_per_chip) counted FLOPs as cost_analysis x a "
+              "jaxpr loop ratio, which missed XLA's collective-matmul loops (ratios 0.55-0.85 "
+              "on fsdp-8+ rows); rows compiled since count the HLO's matmuls with every loop's "
+              "trip count. Bytes are cost_analysis scaled by the HLO's traffic with / without "
+              "trip counts: the HBM term of the roofline, and with it the MFU, is the least "
+              "certain number here."]
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
 
