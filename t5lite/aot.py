@@ -161,8 +161,6 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
                 "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
 _SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
 _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
-_OP = re.compile(r"=\s*(.+?)\s+([a-z][\w\-]*)\(")
-_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 
 
@@ -198,11 +196,12 @@ _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
                "opt-barrier", "async-done", "add-dependency", "domain"}
 
 
-def _trip_count(comps, results, while_line: str, caller: list) -> int:
+def _trip_count(comps, while_line: str, caller: list) -> int:
     """Iterations of an HLO while loop: its condition compares a loop-carried counter (tuple
     element i) against a constant N; the body adds a constant step to element i, and the
     caller's initial tuple holds its start (XLA's collective-matmul loops count 0, 2, 4 ...
-    in pairs). ceil((N - start) / step); 1 when the loop is not of this form."""
+    in pairs). ceil((N - start) / step); a loop not of this form: its condition's largest
+    integer constant."""
     cond = re.search(r"condition=%?([\w.\-]+)", while_line).group(1)
     body = re.search(r"body=%?([\w.\-]+)", while_line).group(1)
     consts = _constants(comps.get(cond, []))
@@ -369,8 +368,8 @@ def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: 
 
 def hlo_costs(hlo_text: str) -> dict:
     """Per chip for one step of a compiled HLO module, every while loop's body times its trip
-    count (the constant its condition compares against; XLA's cost_analysis counts a body
-    once, and the TPU compiler adds loops of its own: scanned layers, gradient accumulation,
+    count (`_trip_count`: the loop counter's start, step and bound; XLA's cost_analysis counts
+    a body once, and the TPU compiler adds loops of its own: scanned layers, gradient accumulation,
     and the collective matmuls that split an all-gathered matmul into one step per shard),
     a conditional's costliest branch:
     - ``matmul_flops``: 2 x multiply-adds of every convolution and dot, with XLA's counting of
@@ -409,7 +408,7 @@ def hlo_costs(hlo_text: str) -> dict:
                 add(total, {"matmul_flops": f, "matmul_flops_once": f})
             if kind == "while":
                 body = re.search(r"body=%?([\w.\-]+)", line).group(1)
-                n = _trip_count(comps, results, line, comps.get(name, []))
+                n = _trip_count(comps, line, comps.get(name, []))
                 sub = cost(body, False)
                 add(total, {k: v for k, v in sub.items() if not k.endswith("_once")}, n)
                 add(total, {k: v for k, v in sub.items() if k.endswith("_once")})
@@ -535,7 +534,8 @@ def analytic_bytes(cfg, mesh: dict, params: int, opt_state: int) -> dict:
     lengths = cfg.data.feature_lengths
     d, hk, h = m.d_model, m.num_heads * m.head_dim / tp, m.num_heads / tp
     f = m.d_ff / tp
-    gated = m.ffn in ("glu", "geglu", "reglu", "swiglu", "bilinear")
+    from t5lite.models.layers import GATED
+    gated = m.ffn in GATED
     wi = f * (2 if gated else 1)
 
     def layer(t, s_self, s_cross=0):

@@ -360,24 +360,22 @@ def softmax_to(logits, dtype):
     dtype = jnp.dtype(dtype)
     if dtype.itemsize >= 4:
         return jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
-    return _softmax_narrow(logits, dtype)
+    return _softmax_narrow(logits.astype(jnp.float32), dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _softmax_narrow(logits, dtype):
-    return jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
+def _softmax_narrow(logits32, dtype):
+    return jax.nn.softmax(logits32, axis=-1).astype(dtype)
 
 
-def _softmax_narrow_fwd(logits, dtype):
-    y = _softmax_narrow(logits, dtype)
-    return y, (y, jnp.zeros((), logits.dtype))
+def _softmax_narrow_fwd(logits32, dtype):
+    y = _softmax_narrow(logits32, dtype)
+    return y, y
 
 
-def _softmax_narrow_bwd(dtype, res, g):
-    y, like = res
+def _softmax_narrow_bwd(dtype, y, g):
     y32, g32 = y.astype(jnp.float32), g.astype(jnp.float32)
-    dx = y32 * (g32 - jnp.sum(g32 * y32, axis=-1, keepdims=True))
-    return (dx.astype(like.dtype),)
+    return (y32 * (g32 - jnp.sum(g32 * y32, axis=-1, keepdims=True)),)
 
 
 _softmax_narrow.defvjp(_softmax_narrow_fwd, _softmax_narrow_bwd)
