@@ -121,6 +121,28 @@ def test_same_seed_same_batches_and_shards(data_dir):
                               shards[1]["encoder_input_tokens"])
 
 
+def test_finetuning_shuffles_a_label_sorted_split_whole(data_dir, tmp_path, monkeypatch):
+    # The prepared sentiment train split lists every positive sentence before the negatives;
+    # a 1000-example shuffle buffer fed 20 batches of 32 positives first. Every block of 320
+    # training examples (both classes and several tasks' formats) must hold both labels.
+    import tasks_testdata
+    from t5lite.tasks import pipeline
+    root = tasks_testdata.make_data_dir(str(tmp_path / "sorted"))
+    with open(os.path.join(root, "finetune", "sentiment", "train.tsv"), "w") as f:
+        for i in range(4000):
+            f.write(f"sentence {i}\t{'positive' if i < 2000 else 'negative'}\n")
+    monkeypatch.setenv("T5LITE_DATA_DIR", root)
+    for name in ("sentiment", "sentiment_cls"):
+        ds = pipeline.get_mixture_or_task(name).get_dataset(
+            {"inputs": 16, "targets": 4}, split="train", shuffle=True, seed=0, num_epochs=1)
+        key = "targets_pretokenized" if name == "sentiment" else "class_labels"
+        labels = np.array([ex[key] for ex in ds.as_numpy_iterator()])
+        assert len(labels) == 4000
+        positive = labels == (b"positive" if name == "sentiment" else 1)
+        blocks = positive[:3840].reshape(12, 320).mean(axis=1)
+        assert ((blocks > 0.35) & (blocks < 0.65)).all(), (name, blocks.round(2))
+
+
 def test_eval_epoch_is_finite(data_dir):
     batches = _batches("sentiment", "encoder_decoder", {"inputs": 64, "targets": 8}, n=100,
                        split="validation", num_epochs=1, shuffle=False, pack=False,

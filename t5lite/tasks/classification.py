@@ -81,7 +81,7 @@ def register_decoder_classification_task(name: str, dataset: str, label_names: S
                          "class_labels": seqio.Feature(seqio.PassThroughVocabulary(size=0),
                                                        add_eos=False, dtype=tf.int32, rank=0)},
         metric_fns=[metrics.accuracy],
-        shuffle_buffer_size=registry.CLASSIFICATION_SHUFFLE_BUFFER)
+        shuffle_buffer_size=registry.FINETUNE_SHUFFLE_BUFFER)
 
 
 def register() -> None:
