@@ -138,7 +138,10 @@ def render(jsonl: str, out: str) -> None:
               "on fsdp-8+ rows); rows compiled since count the HLO's matmuls with every loop's "
               "trip count. Bytes are cost_analysis scaled by the HLO's traffic with / without "
               "trip counts: the HBM term of the roofline, and with it the MFU, is the least "
-              "certain number here."]
+              "certain number here. The T5 v1.1 XL / XXL, anchor and T5 v1.0 3B / 11B rows "
+              "were compiled after softmax_to's residual barrier (bench/RESULTS.md: the "
+              "float32 exp the backward kept alive); the other rows before it, and their "
+              "temporaries may be higher than today's code compiles to (not re-measured)."]
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
 
