@@ -25,9 +25,12 @@ def load():
 
 
 def save(state):
-    with open(STATE + ".tmp", "w") as f:
+    # a temporary file per process: the launcher's polling and a worker's call can save at
+    # the same moment, and a shared name let one replace the other's half-written file
+    tmp = f"{STATE}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(state, f)
-    os.replace(STATE + ".tmp", STATE)
+    os.replace(tmp, STATE)
 
 
 def fail(msg, rc=1):
