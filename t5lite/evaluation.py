@@ -176,10 +176,15 @@ def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int
     verbosity = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.ERROR)  # seqio warns when lengths have slack
     try:
+        # max_examples: a seeded sample of the split, the same at every checkpoint (seqio
+        # shuffles once with the task's buffer, the whole split for the local finetuning
+        # sets, then takes the first max_examples). The prepared split files are ordered
+        # (by label, by package name), so the split's head would be one label or one corner.
         evaluator = seqio.Evaluator(
             task_name, feature_converter=_task_features_converter(), eval_split=split,
             sequence_length=_sequence_lengths(cfg, subtasks[0]),
-            num_examples=max_examples or None, use_memory_cache=True,
+            num_examples=max_examples or None, shuffle=bool(max_examples),
+            seed=cfg.decode.seed, use_memory_cache=True,
             async_compute_metrics=False, log_dir=log_dir or None,
             logger_cls=[seqio.JSONLogger] if log_dir else ())
     finally:

@@ -64,11 +64,11 @@ def test_periodic_eval_logs_metrics_and_keeps_the_best(workdir):
 
 
 def test_eval_command_matches_infer_predictions(workdir, data_dir, tmp_path, capsys):
-    metrics = commands.eval_command(workdir, "sentiment", split="validation", max_examples=12)
+    metrics = commands.eval_command(workdir, "sentiment", split="validation")
     table = capsys.readouterr().out
     assert "sentiment/accuracy" in table
     with open(os.path.join(data_dir, "finetune", "sentiment", "validation.tsv")) as f:
-        rows = [line.rstrip("\n").split("\t") for line in f][:12]
+        rows = [line.rstrip("\n").split("\t") for line in f]
     inp = tmp_path / "in.txt"
     inp.write_text("".join(f"sst2 sentence: {x}\n" for x, _ in rows))
     out = tmp_path / "pred.jsonl"
@@ -76,6 +76,26 @@ def test_eval_command_matches_infer_predictions(workdir, data_dir, tmp_path, cap
     assert [json.loads(x) for x in out.read_text().splitlines()] == recs
     acc = 100.0 * np.mean([r["prediction"] == y for r, (_, y) in zip(recs, rows)])
     assert metrics["sentiment/accuracy"] == pytest.approx(acc)
+
+
+def test_max_examples_is_a_seeded_sample_of_a_sorted_split(workdir, tmp_path, monkeypatch):
+    # a validation split listing every positive first: the head of it would be one label
+    import tasks_testdata
+    root = tasks_testdata.make_data_dir(str(tmp_path / "sorted"))
+    with open(os.path.join(root, "finetune", "sentiment", "validation.tsv"), "w") as f:
+        for i in range(200):
+            f.write(f"sentence {i}\t{'positive' if i < 100 else 'negative'}\n")
+    monkeypatch.setenv("T5LITE_DATA_DIR", root)
+    cfg, model, params = evaluation.load(workdir)
+    (tmp_path / "log").mkdir()
+    targets = []
+    for step in (1, 2):  # the same sample at every evaluation
+        evaluation.evaluate(cfg, model, params, tasks=("sentiment",), split="validation",
+                            max_examples=40, log_dir=str(tmp_path / "log"), step=step)
+        with open(tmp_path / "log" / f"sentiment-{step:06d}.jsonl") as f:
+            targets.append([json.loads(line)["target"] for line in f])
+    assert len(targets[0]) == 40 and targets[0] == targets[1]
+    assert 10 <= targets[0].count("positive") <= 30, targets[0]
 
 
 def _greedy_is_its_own_likelihood(checkpoint, texts):
