@@ -80,6 +80,16 @@ def node_json(n):
             "networkEndpoints": [{"ipAddress": f"10.0.0.{w}"} for w in range(n["workers"])]}
 
 
+def take_flag(name):
+    """True once per flag file a test wrote: removing it is atomic, so no stale copy of the
+    JSON state that another gcloud process saves can bring it back or lose it."""
+    try:
+        os.remove(os.path.join(FAKE, name))
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def preempted(state, name):
     """A worker's trainer asked for this slice to be preempted (tests' 'lost' action)."""
     flag = os.path.join(FAKE, f"preempt-{name}")
@@ -105,9 +115,7 @@ def ssh(state, name, flags):
         fail("ssh: connect to host 10.0.0.0 port 22: Connection timed out", 255)
     workers = range(n["workers"]) if flags["worker"] == "all" else [int(flags["worker"])]
     cmd = flags["command"]
-    drop = "tpu_job.sh run" in cmd and state.get("drop_ssh", 0) > 0
-    if drop:
-        state["drop_ssh"] -= 1
+    drop = "tpu_job.sh run" in cmd and take_flag("drop-ssh")
     if "tpu_job.sh run" in cmd:  # the workers' trainers play plan[run - 1]: all alike
         state["train_runs"] = state.get("train_runs", 0) + 1
     save(state)

@@ -243,7 +243,7 @@ class FakeCloud:
                 '[[ "$FAKE_AGENT_HAS_KEY" == 1 ]] && { echo "256 SHA256:fakefp me (ED25519)"; '
                 'exit 0; }\necho "The agent has no identities."; exit 1\n')
         (self.dir / "cloud.json").write_text(json.dumps({
-            "queued": {}, "nodes": {}, "qr_plan": qr_plan, "drop_ssh": 0,
+            "queued": {}, "nodes": {}, "qr_plan": qr_plan,
             "fail_reason": "There is no more capacity in the zone \"us-central2-b\"",
             "workers": {"v4-8": 1, "v4-16": 2}}))
         (self.dir / "plan.json").write_text(json.dumps(list(plan)))
@@ -485,7 +485,7 @@ def test_tpu_train_survives_an_ssh_drop(tmp_path):
     cloud = FakeCloud(tmp_path, plan=["long"])
     assert cloud.run("create", "vm", *Z, "--accelerator-type=v4-8").returncode == 0
     assert cloud.run("setup", "vm", *Z, "--no-prepare-data").returncode == 0
-    cloud.set_state(drop_ssh=1)
+    (cloud.dir / "drop-ssh").touch()  # the next job ssh drops once
     r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "closed by remote host" in r.stdout and "attached to the running job" in r.stdout
