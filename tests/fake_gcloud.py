@@ -134,8 +134,14 @@ def ssh(state, name, flags):
         return procs
 
     procs = start()
-    if drop:  # the connection drops after a second; gcloud runs the command again
-        time.sleep(1.5)
+    if drop:  # the connection drops once the job runs; gcloud runs the command again
+        # (waiting for the job's pid file, not a fixed time: on a loaded machine the first
+        # command had not started the job 1.5 s in, and the retry started it instead)
+        pidfs = [os.path.join(node_dir(name), f"w{w}", "t5lite-job", "pid") for w in workers]
+        deadline = time.time() + 120
+        while not all(os.path.exists(f) for f in pidfs) and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
         for p in procs:
             os.killpg(p.pid, signal.SIGHUP)
             p.wait()

@@ -488,7 +488,8 @@ def test_tpu_train_survives_an_ssh_drop(tmp_path):
     (cloud.dir / "drop-ssh").touch()  # the next job ssh drops once
     r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "closed by remote host" in r.stdout and "attached to the running job" in r.stdout
+    assert "closed by remote host" in r.stdout, r.stdout + r.stderr
+    assert "attached to the running job" in r.stdout, r.stdout + r.stderr
     assert len(cloud.jsonl("starts.jsonl")) == 1
     log = (cloud.worker("vm", 0) / "t5lite-train.log").read_text()
     assert log.count("=== t5lite job") == 1 and "=== exit 0" in log
