@@ -135,8 +135,8 @@ def ssh(state, name, flags):
 
     procs = start()
     if drop:  # the connection drops once the job runs; gcloud runs the command again
-        # (waiting for the job's pid file, not a fixed time: on a loaded machine the first
-        # command had not started the job 1.5 s in, and the retry started it instead)
+        # (waiting for the job's pid file, not a fixed time; the "long" job runs 10 s, so it
+        # still runs when the retry comes: under CI load a 3 s job had ended before the drop)
         pidfs = [os.path.join(node_dir(name), f"w{w}", "t5lite-job", "pid") for w in workers]
         deadline = time.time() + 120
         while not all(os.path.exists(f) for f in pidfs) and time.time() < deadline:

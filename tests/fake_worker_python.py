@@ -36,7 +36,7 @@ def train(argv):
         sys.exit(75)
 
     signal.signal(signal.SIGTERM, term)
-    for step in range(1, {"slow": 300, "long": 30}.get(action, 3) + 1):
+    for step in range(1, {"slow": 300, "long": 100}.get(action, 3) + 1):
         print(f"step {step} loss {4.0 / step:.2f}", flush=True)
         time.sleep(0.1)
         if action == "lost" and step == 2:
