@@ -129,8 +129,12 @@ def ssh(state, name, flags):
                    "HOME": home, "T5LITE_WORKER": str(w), "FAKE_CLOUD": FAKE,
                    "FAKE_NODE": name, "FAKE_RUN": str(state.get("train_runs", 0)),
                    "T5LITE_TPU_LOCKFILE": os.path.join(home, "libtpu_lockfile")}
-            procs.append(subprocess.Popen(["bash", "-c", cmd], cwd=home, env=env,
-                                          start_new_session=True))
+            # a fresh ssh session starts with SIGHUP at its default action; a runner that
+            # ignores SIGHUP (inherited SIG_IGN, which bash cannot trap or reset) otherwise made
+            # the drop below wait for the whole job, and the retry re-ran it
+            procs.append(subprocess.Popen(
+                ["bash", "-c", cmd], cwd=home, env=env, start_new_session=True,
+                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)))
         return procs
 
     procs = start()
