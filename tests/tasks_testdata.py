@@ -63,6 +63,16 @@ def make_data_dir(root: str) -> str:
     return root
 
 
+def label_sorted_data_dir(root: str, split: str, n: int) -> str:
+    """A test data dir under root whose sentiment ``split`` holds n sentences, every positive
+    one first (as the prepared file lists them); returns the data dir."""
+    root = make_data_dir(root)
+    with open(os.path.join(root, "finetune", "sentiment", f"{split}.tsv"), "w") as f:
+        for i in range(n):
+            f.write(f"sentence {i}\t{'positive' if i < n // 2 else 'negative'}\n")
+    return root
+
+
 def use_data_dir(root: str):
     """Point $T5LITE_DATA_DIR at a fresh test data dir; returns a function that restores it."""
     old = os.environ.get("T5LITE_DATA_DIR")

@@ -81,10 +81,7 @@ def test_eval_command_matches_infer_predictions(workdir, data_dir, tmp_path, cap
 def test_max_examples_is_a_seeded_sample_of_a_sorted_split(workdir, tmp_path, monkeypatch):
     # a validation split listing every positive first: the head of it would be one label
     import tasks_testdata
-    root = tasks_testdata.make_data_dir(str(tmp_path / "sorted"))
-    with open(os.path.join(root, "finetune", "sentiment", "validation.tsv"), "w") as f:
-        for i in range(200):
-            f.write(f"sentence {i}\t{'positive' if i < 100 else 'negative'}\n")
+    root = tasks_testdata.label_sorted_data_dir(str(tmp_path / "sorted"), "validation", 200)
     monkeypatch.setenv("T5LITE_DATA_DIR", root)
     cfg, model, params = evaluation.load(workdir)
     (tmp_path / "log").mkdir()

@@ -127,10 +127,7 @@ def test_finetuning_shuffles_a_label_sorted_split_whole(data_dir, tmp_path, monk
     # training examples (both classes and several tasks' formats) must hold both labels.
     import tasks_testdata
     from t5lite.tasks import pipeline
-    root = tasks_testdata.make_data_dir(str(tmp_path / "sorted"))
-    with open(os.path.join(root, "finetune", "sentiment", "train.tsv"), "w") as f:
-        for i in range(4000):
-            f.write(f"sentence {i}\t{'positive' if i < 2000 else 'negative'}\n")
+    root = tasks_testdata.label_sorted_data_dir(str(tmp_path / "sorted"), "train", 4000)
     monkeypatch.setenv("T5LITE_DATA_DIR", root)
     for name in ("sentiment", "sentiment_cls"):
         ds = pipeline.get_mixture_or_task(name).get_dataset(
