@@ -8,7 +8,8 @@
 #
 # `run` is idempotent: when this worker already runs the same CMD (a rerun, or gcloud re-running
 # the ssh command after a dropped connection) it attaches to that job instead of starting a
-# second one; a different CMD is refused. Before a new start it ends stale jobs left by earlier
+# second one; a different CMD is refused. A `run` re-sent with the --job-id of a job that has
+# already ended reports that job's exit instead of running it again. Before a new start it ends stale jobs left by earlier
 # runs and removes a stale libtpu lockfile (as MaxText does), so the TPU is free. Logs are
 # appended per job (never truncated) and copied to LOGS_URL/<job id>/worker-<N>.log every
 # --sync-every seconds and when the job ends, so they outlive the VM.
@@ -18,6 +19,7 @@ set -u
 JOB_HOME="${T5LITE_JOB_HOME:-$HOME/t5lite-job}"  # pid, cmd, exit, logs of this worker's job
 LOCKFILE="${T5LITE_TPU_LOCKFILE:-/tmp/libtpu_lockfile}"  # libtpu's one-process lock
 PIDF="$JOB_HOME/pid" CMDF="$JOB_HOME/cmd" EXITF="$JOB_HOME/exit" URLF="$JOB_HOME/logs_url"
+IDF="$JOB_HOME/job_id"  # the id of the job that EXITF belongs to
 CURRENT_LOG="$HOME/t5lite-train.log"  # symlink to the current job's log (`logs` reads it)
 mkdir -p "$JOB_HOME/logs"
 
@@ -134,10 +136,22 @@ cmd_run() {
         recent="$(tail -n 20 "$CURRENT_LOG" 2>/dev/null | wc -c)"
         attach "$pid" "$(( size - recent + 1 ))"
     fi
+    # tpu_vm.py gives every `train` its own id, so the same id again is gcloud re-sending the
+    # command of a connection that dropped as the job ended: report, never run a job twice.
+    if [[ -n "$job_id" && -f "$EXITF" && "$(cat "$IDF" 2>/dev/null)" == "$job_id" ]]; then
+        exec 9>&-
+        local rc
+        rc="$(cat "$EXITF")"
+        say "job $job_id has already ended; its last lines:"
+        tail -n 20 "$JOB_HOME/logs/$job_id.log" 2>/dev/null
+        say "exit $rc"
+        exit "$rc"
+    fi
     clean_stale
     job_id="${job_id:-$(date -u +%Y%m%dT%H%M%SZ)}"
     local log="$JOB_HOME/logs/$job_id.log"
     rm -f "$EXITF" "$PIDF"
+    printf '%s' "$job_id" >"$IDF"
     printf '%s' "$cmd" >"$CMDF"
     printf '%s' "$url" >"$URLF"
     local from=$(( $(stat -c %s "$log" 2>/dev/null || echo 0) + 1 ))
@@ -148,9 +162,15 @@ cmd_run() {
     # subshell so that init, not this shell, reaps it.
     (T5LITE_SYNC_EVERY="$every" setsid env T5LITE_JOB_HOME="$JOB_HOME" \
         bash "${BASH_SOURCE[0]}" _wrap "$@" >>"$log" 2>&1 </dev/null 9>&- &)
-    for _ in $(seq 100); do [[ -s "$PIDF" ]] && break; sleep 0.1; done
+    for _ in $(seq 100); do [[ -s "$PIDF" || -f "$EXITF" ]] && break; sleep 0.1; done
     exec 9>&-
     pid="$(cat "$PIDF" 2>/dev/null)"
+    if [[ -z "$pid" && -f "$EXITF" ]]; then  # it ended before we looked (a quick failure)
+        say "started job $job_id"
+        tail -c "+$from" "$log"
+        say "exit $(cat "$EXITF")"
+        exit "$(cat "$EXITF")"
+    fi
     [[ -n "$pid" ]] || { say "lost (the job did not start; see $log)"; exit 1; }
     say "started job $job_id (pid $pid)"
     [[ $detach == 1 ]] && exit 0
