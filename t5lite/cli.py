@@ -331,10 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rows", nargs="+", help="run only these rows, space- or comma-separated "
                     "(default: all)")
     sp.add_argument("--tasks", nargs="+", help="downstream tasks, space- or comma-separated "
-                    "(default: the table's)")
+                    "(default: the scale's, else the table's)")
     sp.add_argument("--scale", default=None, choices=list(ablations.SCALES),
                     help="tiny (CPU smoke test; the default, but paper for --estimate), small "
-                    "(CPU study) or paper (T5 base, C4 + the paper's benchmarks, 2^19 + 2^18 "
+                    "(CPU study on topic_debian) or paper (T5 base, C4 + the paper's benchmarks, 2^19 + 2^18 "
                     "steps)")
     sp.add_argument("--seeds", type=int, default=1,
                     help="run each row N times (seeds 0..N-1); the table shows mean ± std")

@@ -34,6 +34,22 @@ def test_table_files_are_the_listed_tables():
         assert not table.baseline or table.baseline in [r.name for r in table.rows]
 
 
+def test_small_scale_finetunes_on_topic_debian_and_reports_its_whole_test_split():
+    """--scale small's default downstream is the 51-section topic task (5,861 test examples,
+    where sentiment's 351 cannot measure the effects); tiny keeps the table's sentiment."""
+    table = ablations.load_table("table2")
+    assert ablations.SCALES["small"].tasks == ("topic_debian",)
+    assert not ablations.SCALES["tiny"].tasks and table.tasks == ("sentiment",)
+    assert ablations.DOWNSTREAM["topic_debian"].test_examples == 0  # the whole split
+    pre, (ft,) = ablations.plan_row(table, table.row("encdec_denoising"), "/w",
+                                    ("topic_debian",), "small")
+    assert ft.cfg.data.mixture_or_task == "topic_debian" and ft.cfg.optim.learning_rate == 2e-3
+    assert ft.cfg.eval.best_metric == "topic_debian/accuracy"
+    # section names are at most 5 pieces of the 8k vocabulary (+ EOS)
+    assert ft.cfg.data.feature_lengths["targets"] == ft.cfg.decode.max_length == 8
+    assert ft.cfg.checkpoint.init_from == pre.workdir and pre.cfg.train.steps == 1200
+
+
 @pytest.mark.parametrize("scale", ["tiny", "small", "paper"])
 @pytest.mark.parametrize("name", TABLES)
 def test_every_row_gives_valid_configs(name, scale):
