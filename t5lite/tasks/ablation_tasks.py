@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from t5lite.task_catalog import (  # noqa: F401  (the variants as data: `tasks list` reads them)
     C4_OBJECTIVES, IID_RATES, MULTITASK_BASE, MULTITASK_K, PAPER_MULTITASK_BASE, SPAN_LENGTHS,
-    TEMPERATURES)
+    TEMPERATURES, paper_multitask_members)
 from t5lite.tasks import registry
 
 K_SCALE = 2.0 ** -5
@@ -39,13 +39,6 @@ def multitask_members() -> list[str]:
 
 def scaled_k(log2_k: int) -> int:
     return int(2 ** log2_k * K_SCALE)
-
-
-def paper_multitask_members() -> list[str]:
-    from t5lite.tasks import formats
-    return ([PAPER_MULTITASK_BASE] + formats.PAPER_GLUE + formats.PAPER_SUPERGLUE
-            + ["paper_squad", "paper_cnn_dailymail", "paper_wmt_ende", "paper_wmt_enfr",
-               "paper_wmt_enro"])
 
 
 def register_paper(vocabulary="t5") -> None:
