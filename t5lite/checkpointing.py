@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5lite import config as config_lib
+from t5lite import config as config_lib, progress
 from t5lite.errors import UserError
 
 log = logging.getLogger("t5lite")
@@ -381,27 +381,8 @@ def load_params(path: str, abstract_params=None, step: int = -1):
                 last_err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 log.warning("params at %s unreadable (%s); trying the previous step",
                             params_dir, last_err)  # not TensorStore's spec
-            _collect_unretrieved_reads()
+            progress.collect_failed_reads()  # orbax's other failed reads, without tracebacks
     raise UserError(f"no readable params under {path}: {last_err}")
-
-
-class _DropUnretrieved(logging.Filter):
-    def filter(self, record):
-        return "exception was never retrieved" not in record.getMessage()
-
-
-def _collect_unretrieved_reads():
-    """orbax reads a checkpoint's shards concurrently and raises the first failure; the other
-    failed reads stay in asyncio tasks nobody awaits, and asyncio logs each one with its
-    traceback ("Task exception was never retrieved") whenever the garbage collector finds it.
-    Collect them now, with that message dropped, so a corrupt step costs the user one line."""
-    import gc
-    drop = _DropUnretrieved()
-    logging.getLogger("asyncio").addFilter(drop)
-    try:
-        gc.collect()
-    finally:
-        logging.getLogger("asyncio").removeFilter(drop)
 
 
 def merge_params(target, source, announce=print):

@@ -124,3 +124,23 @@ def drop_closed_event_loop_noise() -> None:
         previous(unraisable)
     hook.t5lite = True
     sys.unraisablehook = hook
+
+
+class _DropUnretrieved(logging.Filter):
+    def filter(self, record):
+        return "exception was never retrieved" not in record.getMessage()
+
+
+def collect_failed_reads() -> None:
+    """After a fallback restore: orbax reads a checkpoint's shards concurrently and raises the
+    first failure; the other failed reads stay in asyncio tasks nobody awaits, and asyncio logs
+    each one with its traceback ("Task exception was never retrieved") whenever the garbage
+    collector finds it. Collect them now, with that message dropped, so a corrupt step costs
+    the user one line (drop_closed_event_loop_noise handles the coroutines' other leftover)."""
+    import gc
+    drop = _DropUnretrieved()
+    logging.getLogger("asyncio").addFilter(drop)
+    try:
+        gc.collect()
+    finally:
+        logging.getLogger("asyncio").removeFilter(drop)

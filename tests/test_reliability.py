@@ -684,11 +684,11 @@ def test_data_position_survives_another_process_count(data_dir, tmp_path):
 def test_unread_shard_failures_are_collected_without_asyncio_tracebacks(caplog):
     """A failed asyncio task that nobody awaited, kept alive only by a reference cycle (as
     orbax's other shard reads are after the first one fails), is collected by
-    checkpointing._collect_unretrieved_reads without asyncio's multi-line ERROR record."""
+    progress.collect_failed_reads without asyncio's multi-line ERROR record."""
     import asyncio
     import gc
     import logging
-    from t5lite import checkpointing
+    from t5lite import progress
 
     async def read():
         raise ValueError("bad shard")
@@ -705,7 +705,7 @@ def test_unread_shard_failures_are_collected_without_asyncio_tracebacks(caplog):
     gc.disable()
     try:
         leak()
-        checkpointing._collect_unretrieved_reads()
+        progress.collect_failed_reads()
         assert not [r for r in caplog.records if r.name == "asyncio"], caplog.records
         leak()
         gc.collect()  # the same cycle without the filter: asyncio logs it (the test can fail)
