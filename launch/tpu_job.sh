@@ -9,8 +9,9 @@
 # `run` is idempotent: when this worker already runs the same CMD (a rerun, or gcloud re-running
 # the ssh command after a dropped connection) it attaches to that job instead of starting a
 # second one; a different CMD is refused. A `run` re-sent with the --job-id of a job that has
-# already ended reports that job's exit instead of running it again. Before a new start it ends stale jobs left by earlier
-# runs and removes a stale libtpu lockfile (as MaxText does), so the TPU is free. Logs are
+# already ended reports that job's exit instead of running it again. Before a new start it
+# ends stale jobs left by earlier runs and removes a stale libtpu lockfile (as MaxText does),
+# so the TPU is free. Logs are
 # appended per job (never truncated) and copied to LOGS_URL/<job id>/worker-<N>.log every
 # --sync-every seconds and when the job ends, so they outlive the VM.
 # Every outcome ends with one line `t5lite-job: worker N <what>` that tpu_vm.py reads.
@@ -95,6 +96,11 @@ attach() {
     while alive "$pid"; do sleep 0.2; done
     sleep 1  # tail prints the last lines
     kill "$tailer" 2>/dev/null; wait "$tailer" 2>/dev/null
+    report_exit
+}
+
+# The ended job's exit code (the wrapper writes it), as the last line tpu_vm.py reads.
+report_exit() {
     local rc
     rc="$(cat "$EXITF" 2>/dev/null)"
     if [[ -z "$rc" ]]; then say "lost (the job ended without an exit code)"; exit 1; fi
@@ -140,12 +146,9 @@ cmd_run() {
     # command of a connection that dropped as the job ended: report, never run a job twice.
     if [[ -n "$job_id" && -f "$EXITF" && "$(cat "$IDF" 2>/dev/null)" == "$job_id" ]]; then
         exec 9>&-
-        local rc
-        rc="$(cat "$EXITF")"
         say "job $job_id has already ended; its last lines:"
         tail -n 20 "$JOB_HOME/logs/$job_id.log" 2>/dev/null
-        say "exit $rc"
-        exit "$rc"
+        report_exit
     fi
     clean_stale
     job_id="${job_id:-$(date -u +%Y%m%dT%H%M%SZ)}"
@@ -168,8 +171,7 @@ cmd_run() {
     if [[ -z "$pid" && -f "$EXITF" ]]; then  # it ended before we looked (a quick failure)
         say "started job $job_id"
         tail -c "+$from" "$log"
-        say "exit $(cat "$EXITF")"
-        exit "$(cat "$EXITF")"
+        report_exit
     fi
     [[ -n "$pid" ]] || { say "lost (the job did not start; see $log)"; exit 1; }
     say "started job $job_id (pid $pid)"

@@ -334,8 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the scale's, else the table's)")
     sp.add_argument("--scale", default=None, choices=list(ablations.SCALES),
                     help="tiny (CPU smoke test; the default, but paper for --estimate), small "
-                    "(CPU study on topic_debian) or paper (T5 base, C4 + the paper's benchmarks, 2^19 + 2^18 "
-                    "steps)")
+                    "(CPU study on topic_debian) or paper (T5 base, C4 + the paper's "
+                    "benchmarks, 2^19 + 2^18 steps)")
     sp.add_argument("--seeds", type=int, default=1,
                     help="run each row N times (seeds 0..N-1); the table shows mean ± std")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
