@@ -365,7 +365,7 @@ def load_params(path: str, abstract_params=None, step: int = -1):
     cands, cfg_path = _find_params_dir(path, step)
     cfg = load_config_json(cfg_path)
     last_err = None
-    with ocp.StandardCheckpointer() as ckptr:
+    with ocp.StandardCheckpointer() as ckptr, progress.quiet_failed_reads() as reads:
         for params_dir in cands:
             try:
                 if abstract_params is None:
@@ -378,10 +378,10 @@ def load_params(path: str, abstract_params=None, step: int = -1):
                     target = abstract_params
                 return cfg, ckptr.restore(params_dir, target)
             except Exception as e:  # noqa: BLE001
+                reads.failed = True
                 last_err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 log.warning("params at %s unreadable (%s); trying the previous step",
                             params_dir, last_err)  # not TensorStore's spec
-            progress.collect_failed_reads()  # orbax's other failed reads, without tracebacks
     raise UserError(f"no readable params under {path}: {last_err}")
 
 

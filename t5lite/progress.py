@@ -131,16 +131,27 @@ class _DropUnretrieved(logging.Filter):
         return "exception was never retrieved" not in record.getMessage()
 
 
-def collect_failed_reads() -> None:
-    """After a fallback restore: orbax reads a checkpoint's shards concurrently and raises the
+@contextlib.contextmanager
+def quiet_failed_reads():
+    """While reading checkpoints: orbax reads a checkpoint's shards concurrently and raises the
     first failure; the other failed reads stay in asyncio tasks nobody awaits, and asyncio logs
     each one with its traceback ("Task exception was never retrieved") whenever the garbage
-    collector finds it. Collect them now, with that message dropped, so a corrupt step costs
-    the user one line (drop_closed_event_loop_noise handles the coroutines' other leftover)."""
+    collector finds it -- an automatic collection can come mid-restore, before the caller has
+    even caught the first error. Drop that message for the whole read and, when the caller
+    marked a failure (`reads.failed = True`), collect at the end inside it, so a corrupt step
+    costs the user one line (drop_closed_event_loop_noise handles the coroutines' other
+    leftover). A clean read skips the full collection."""
     import gc
+    import types
+    reads = types.SimpleNamespace(failed=False)
     drop = _DropUnretrieved()
-    logging.getLogger("asyncio").addFilter(drop)
+    logger = logging.getLogger("asyncio")
+    logger.addFilter(drop)
     try:
-        gc.collect()
+        yield reads
     finally:
-        logging.getLogger("asyncio").removeFilter(drop)
+        try:
+            if reads.failed:
+                gc.collect()
+        finally:
+            logger.removeFilter(drop)
