@@ -43,7 +43,8 @@ def test_small_scale_finetunes_on_topic_debian_and_reports_its_whole_test_split(
     assert ablations.DOWNSTREAM["topic_debian"].test_examples == 0  # the whole split
     pre, (ft,) = ablations.plan_row(table, table.row("encdec_denoising"), "/w",
                                     ("topic_debian",), "small")
-    assert ft.cfg.data.mixture_or_task == "topic_debian" and ft.cfg.optim.learning_rate == 2e-3
+    assert ft.cfg.data.mixture_or_task == "topic_debian" and ft.cfg.optim.learning_rate == 5e-3
+    assert ft.cfg.optim.schedule == "linear"
     assert ft.cfg.eval.best_metric == "topic_debian/accuracy"
     # section names are at most 5 pieces of the 8k vocabulary (+ EOS)
     assert ft.cfg.data.feature_lengths["targets"] == ft.cfg.decode.max_length == 8
