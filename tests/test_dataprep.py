@@ -226,8 +226,13 @@ def test_use_data_dir_is_the_one_writer_of_the_data_dir(tmp_path, monkeypatch):
     assert D.data_dir() == "/before"
     D.use_data_dir("rel/data")
     assert os.environ["T5LITE_DATA_DIR"] == str(tmp_path / "rel" / "data") == D.data_dir()
-    D.use_data_dir("gs://bucket/data")  # URLs are kept as they are
-    assert os.environ["T5LITE_DATA_DIR"] == "gs://bucket/data"
+    # a URL: one line saying what to do, before anything reads it; the data dir is unchanged
+    with pytest.raises(UserError, match="is a URL: prepared data must be on a local disk"):
+        D.use_data_dir("gs://bucket/data")
+    assert os.environ["T5LITE_DATA_DIR"] == D.data_dir() == str(tmp_path / "rel" / "data")
+    monkeypatch.setenv("T5LITE_DATA_DIR", "gs://bucket/data")  # set by hand: readers say so too
+    with pytest.raises(UserError, match="gs://bucket/data is a URL"):
+        D.require("corpus", "corpus/train.txt")
     # nothing else in the library sets it
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "t5lite")
     writers = []

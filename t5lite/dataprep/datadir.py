@@ -14,9 +14,17 @@ ENV = "T5LITE_DATA_DIR"
 
 
 def data_dir(override: str = "") -> str:
-    """override, else $T5LITE_DATA_DIR, else ~/.cache/t5lite (CONTRACTS.md)."""
+    """override, else $T5LITE_DATA_DIR, else ~/.cache/t5lite (CONTRACTS.md). A local path:
+    preparation writes with local file operations and the readers (seqio text sources,
+    SentencePiece files, line counts) open local files, so a URL is a UserError here rather
+    than a path that fails later under a mangled name."""
     d = override or os.environ.get(ENV, "") or os.path.join(
         os.path.expanduser("~"), ".cache", "t5lite")
+    if "://" in d:
+        raise UserError(f"the data dir {d} is a URL: prepared data must be on a local disk "
+                        "(set data.data_dir / $T5LITE_DATA_DIR to a local path and run "
+                        "`t5lite data prepare` on each worker; TFDS data in $TFDS_DATA_DIR may "
+                        "be on GCS).")
     return os.path.abspath(os.path.expanduser(d))
 
 
@@ -28,10 +36,11 @@ def use_data_dir(override: str = "") -> None:
     when they are registered: they cannot be handed the directory, so they read it through
     data_dir() from $T5LITE_DATA_DIR. This is the one writer of that variable; each entry point
     that is given a data dir (the CLI's `data` command, trainer.train, evaluation.load,
-    pipeline.get_dataset) calls it once. URLs (gs://...) are kept as they are.
+    pipeline.get_dataset) calls it once. A URL (gs://...) is a UserError (data_dir), raised
+    here, before any training starts.
     """
     if override:
-        os.environ[ENV] = override if "://" in override else data_dir(override)
+        os.environ[ENV] = data_dir(override)
 
 
 def require(name: str, rel: str, override: str = "") -> str:
