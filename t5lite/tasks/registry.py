@@ -37,11 +37,7 @@ class _LocalPaths(Mapping):
         self._dataset, self._rel = dataset, dict(split_to_relpath)
 
     def __getitem__(self, split):
-        path = os.path.join(dataprep.data_dir(), self._rel[split])
-        if not os.path.exists(path):
-            raise UserError(f"{path} does not exist: run `t5lite data prepare {self._dataset}` "
-                            "(or set $T5LITE_DATA_DIR / data.data_dir to where it was built).")
-        return path
+        return dataprep.require(self._dataset, self._rel[split])
 
     def __iter__(self):
         return iter(self._rel)
