@@ -160,6 +160,9 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
                 "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
                 "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
 _SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
+# a shape and its layout, if any: bf16[8,512]{1,0:T(8,128)(2,1)S(1)}
+_SHAPE_LAYOUT = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\](?:\{([^}]*)\})?")
+_SPACE = re.compile(r"S\((\d+)\)")
 _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 
@@ -167,6 +170,16 @@ _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 def _shape_bytes(text: str) -> int:
     return sum(_DTYPE_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d)
                for t, dims in _SHAPE.findall(text))
+
+
+def _hbm_bytes(text: str) -> int:
+    """Bytes of the arrays in ``text`` that live in HBM. A compiled TPU layout names the
+    memory space of anything elsewhere: ``S(1)`` is VMEM (the on-chip scratchpad XLA's
+    memory-space assignment prefetches operands into), ``S(2)`` sync flags, ``S(6)`` SMEM
+    scalars; reads and writes there cost no HBM bandwidth."""
+    return sum(_DTYPE_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d)
+               for t, dims, layout in _SHAPE_LAYOUT.findall(text or "")
+               if _SPACE.search(layout) is None or _SPACE.search(layout).group(1) == "0")
 
 
 def _parse_hlo(hlo_text: str):
@@ -326,9 +339,10 @@ def _dot_flops(line: str, results: dict, operands: list, out_text: str) -> int:
 
 
 def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: str) -> int:
-    """Bytes a fusion reads and writes: a parameter read only through dynamic-slices counts
-    as those slices, and a root dynamic-update-slice into a parameter (in place) as its
-    update (the scanned layers' stacked weights and saved activations)."""
+    """HBM bytes a fusion reads and writes: operands and results in VMEM count nothing; a
+    parameter read only through dynamic-slices counts as those slices, and a root
+    dynamic-update-slice into a parameter (in place) as its update (the scanned layers'
+    stacked weights and saved activations)."""
     lines = comps.get(fused, [])
     params, users, root_dus = {}, {}, {}
     defs = {}
@@ -346,27 +360,27 @@ def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: 
     roots = [root.group(1)] if root else []
     if root and root.group(3) == "tuple":
         roots = _operands(defs[root.group(1)][1], defs[root.group(1)][2])
-    written = _shape_bytes(out_text)
+    written = _hbm_bytes(out_text)
     for r in roots:
         kind, line, end = defs.get(r, ("", "", 0))
-        if kind == "dynamic-update-slice":
+        if kind == "dynamic-update-slice" and _hbm_bytes(results.get(r, "")):
             buf, upd = _operands(line, end)[:2]
             root_dus[buf] = _shape_bytes(results.get(upd, ""))
             written += root_dus[buf] - _shape_bytes(results.get(r, ""))
     read = 0
     for i, outer in enumerate(operands):
         p = params.get(i)
-        if p in root_dus:
-            continue  # updated in place: the update is counted as written
+        if p in root_dus or not _hbm_bytes(results.get(outer, "")):
+            continue  # updated in place (the update is counted as written), or in VMEM
         us = users.get(p, [])
         if us and all(k == "dynamic-slice" for k, _ in us):
             read += sum(_shape_bytes(results.get(n, "")) for _, n in us)
         else:
-            read += _shape_bytes(results.get(outer, ""))
+            read += _hbm_bytes(results.get(outer, ""))
     return read + max(written, 0)
 
 
-def hlo_costs(hlo_text: str) -> dict:
+def hlo_costs(hlo_text: str, chip: "Chip | None" = None) -> dict:
     """Per chip for one step of a compiled HLO module, every while loop's body times its trip
     count (`_trip_count`: the loop counter's start, step and bound; XLA's cost_analysis counts
     a body once, and the TPU compiler adds loops of its own: scanned layers, gradient accumulation,
@@ -374,14 +388,21 @@ def hlo_costs(hlo_text: str) -> dict:
     a conditional's costliest branch:
     - ``matmul_flops``: 2 x multiply-adds of every convolution and dot, with XLA's counting of
       in-bounds window positions;
-    - ``bytes``: bytes read and written by the top-level instructions (fusions as one
-      instruction, dynamic slices and in-place updates as their slices), the traffic model of
-      XLA's cost analysis without its memory-space and cache refinements;
+    - ``bytes``: HBM bytes read and written by the top-level instructions (fusions as one
+      instruction, dynamic slices and in-place updates as their slices; operands and results
+      that the layout places in VMEM or SMEM count nothing, a prefetch into VMEM counts its
+      HBM read once);
+    - ``op_seconds`` (with ``chip``): the sum over top-level instructions of each one's own
+      roofline, max(its matmul FLOPs / peak, its HBM bytes / bandwidth): the TensorCore runs
+      them one after another, so a memory-bound fusion cannot borrow a compute-bound one's
+      idle bandwidth (collectives and prefetches are asynchronous DMAs and are not in it;
+      their bytes are in ``bytes``); ``op_seconds_hbm_bound``: the part of it spent in
+      instructions whose bytes take longer than their FLOPs;
     - ``collectives``: {kind: {"count", "bytes"}}: the larger of an op's operands and result
       (an all-gather's gathered result, a reduce-scatter's full operand); an all-reduce counts
       twice (reduce-scatter + all-gather);
     - ``matmul_flops_once`` / ``bytes_once``: the same with every loop body counted once (what
-      cost_analysis sees), for scaling its numbers."""
+      cost_analysis sees)."""
     comps, entry, results = _parse_hlo(hlo_text)
     memo = {}
 
@@ -400,12 +421,13 @@ def hlo_costs(hlo_text: str) -> dict:
                 continue
             out_text, kind = d.group(2), d.group(3)
             ops = _operands(line, d.end())
+            op_flops = 0
             if kind == "convolution":
-                f = _conv_flops(line, results, ops, out_text)
-                add(total, {"matmul_flops": f, "matmul_flops_once": f})
+                op_flops = _conv_flops(line, results, ops, out_text)
             elif kind == "dot":
-                f = _dot_flops(line, results, ops, out_text)
-                add(total, {"matmul_flops": f, "matmul_flops_once": f})
+                op_flops = _dot_flops(line, results, ops, out_text)
+            if op_flops:
+                add(total, {"matmul_flops": op_flops, "matmul_flops_once": op_flops})
             if kind == "while":
                 body = re.search(r"body=%?([\w.\-]+)", line).group(1)
                 n = _trip_count(comps, line, comps.get(name, []))
@@ -423,6 +445,8 @@ def hlo_costs(hlo_text: str) -> dict:
             if called:
                 sub = cost(called.group(1), kind == "fusion" or fused)
                 add(total, sub)
+                if kind == "fusion":
+                    op_flops += sub.get("matmul_flops", 0)
             if fused:
                 continue
             base = kind[:-6] if kind.endswith("-start") else kind
@@ -438,14 +462,26 @@ def hlo_costs(hlo_text: str) -> dict:
                 continue
             if kind == "fusion" and called:
                 nbytes = _fusion_traffic(comps, called.group(1), ops, results, out_text)
+            elif kind == "copy-start":  # (destination, source alias, context): a prefetch
+                # into VMEM reads its source from HBM, an eviction writes its destination
+                first = _SHAPE_LAYOUT.search(out_text)
+                nbytes = (_hbm_bytes(first.group(0) if first else "")
+                          + sum(_hbm_bytes(results.get(o, "")) for o in ops))
             elif kind == "dynamic-slice":
-                nbytes = 2 * _shape_bytes(out_text)
+                nbytes = _hbm_bytes(out_text) + (_shape_bytes(out_text) if ops and _hbm_bytes(
+                    results.get(ops[0], "")) else 0)
             elif kind == "dynamic-update-slice" and len(ops) > 1:
-                nbytes = 2 * _shape_bytes(results.get(ops[1], ""))
+                nbytes = (_hbm_bytes(results.get(ops[1], ""))
+                          + (_shape_bytes(results.get(ops[1], "")) if _hbm_bytes(out_text)
+                             else 0))
             else:
-                nbytes = _shape_bytes(out_text) + sum(_shape_bytes(results.get(o, ""))
-                                                      for o in ops)
+                nbytes = _hbm_bytes(out_text) + sum(_hbm_bytes(results.get(o, ""))
+                                                    for o in ops)
             add(total, {"bytes": nbytes, "bytes_once": nbytes})
+            if chip is not None and base not in _COLLECTIVES and kind != "copy-start":
+                t_flops, t_hbm = op_flops / chip.peak_flops, nbytes / chip.hbm_bw
+                add(total, {"op_seconds": max(t_flops, t_hbm),
+                            "op_seconds_hbm_bound": t_hbm if t_hbm > t_flops else 0.0})
         memo[name, fused] = total
         return total
 
@@ -457,7 +493,8 @@ def hlo_costs(hlo_text: str) -> dict:
             coll.setdefault(kind, {"count": 0, "bytes": 0})[what] = v
     return {"matmul_flops": c.get("matmul_flops", 0), "bytes": c.get("bytes", 0),
             "matmul_flops_once": c.get("matmul_flops_once", 0),
-            "bytes_once": c.get("bytes_once", 0), "collectives": coll}
+            "bytes_once": c.get("bytes_once", 0), "op_seconds": c.get("op_seconds", 0.0),
+            "op_seconds_hbm_bound": c.get("op_seconds_hbm_bound", 0.0), "collectives": coll}
 
 
 def hlo_collectives(hlo_text: str) -> dict:
@@ -644,24 +681,28 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     if isinstance(cost, list):  # older jax: one dict per program
         cost = cost[0]
     full = _matmul_flops(traced.jaxpr.jaxpr)
-    # FLOPs and bytes with every while loop's trip count, read from the compiled HLO (XLA's
-    # cost_analysis counts a loop body once, and on TPU it adds loops of its own: the
-    # collective matmuls of fsdp). FLOPs: the HLO's convolutions and dots, counted exactly;
-    # bytes: cost_analysis's figure scaled by the HLO's traffic with / without trip counts.
-    hlo = hlo_costs(compiled.as_text())
+    # FLOPs, HBM bytes and the per-instruction roofline with every while loop's trip count,
+    # read from the compiled HLO (XLA's cost_analysis counts a loop body once, and on TPU it
+    # adds loops of its own: the collective matmuls of fsdp; its "bytes accessed" also counts
+    # operands that memory-space assignment placed in VMEM). FLOPs: the HLO's convolutions
+    # and dots, counted exactly.
+    chip = topo.chip
+    hlo = hlo_costs(compiled.as_text(), chip)
     flops = float(hlo["matmul_flops"])
     loop_scale = hlo["matmul_flops"] / max(hlo["matmul_flops_once"], 1)
-    bytes_scale = hlo["bytes"] / max(hlo["bytes_once"], 1)
-    bytes_accessed = float(cost.get("bytes accessed", 0.0)) * bytes_scale
+    bytes_accessed = float(hlo["bytes"])
+    xla_bytes = float(cost.get("bytes accessed", 0.0)) * hlo["bytes"] / max(hlo["bytes_once"], 1)
     coll = hlo["collectives"]
     coll_bytes = sum(c["bytes"] for c in coll.values())
     params = _leaf_bytes(abstract.params)
     opt = _leaf_bytes(abstract.opt_state)
     total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
              + mem.temp_size_in_bytes)
-    chip = topo.chip
+    # The step takes at least its FLOPs at peak, its HBM bytes at full bandwidth, its
+    # collectives at full ICI bandwidth, and the sum of its instructions' own rooflines
+    # (`ops`: they run one after another; collectives overlap them).
     times = {"compute": flops / chip.peak_flops, "hbm": bytes_accessed / chip.hbm_bw,
-             "ici": coll_bytes / chip.ici_bw}
+             "ici": coll_bytes / chip.ici_bw, "ops": hlo["op_seconds"]}
     est = max(times.values())
     model_per_chip = model_flops / chips
     floor = analytic_bytes(cfg, dict(mesh.shape), params, opt)
@@ -689,17 +730,26 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
         "model_flops_with_remat_per_chip": full / chips,
         "cost_analysis_flops_per_chip": float(cost.get("flops", 0.0)),
         "loop_scale": loop_scale,
-        "bytes_loop_scale": bytes_scale,
         "bytes_accessed_per_chip": bytes_accessed,
+        "xla_bytes_accessed_per_chip": xla_bytes,
         "collectives": coll,
         "collective_bytes_per_chip": coll_bytes,
         "roofline_seconds": times,
-        "bound": max(times, key=times.get),
+        "bound": _bound(times, hlo["op_seconds_hbm_bound"]),
         "est_step_seconds": est,
         "est_tokens_per_s": _tokens(cfg) / est if est else 0.0,
         "est_mfu": model_per_chip / (est * chip.peak_flops) if est else 0.0,
         "compile_seconds": seconds,
     }
+
+
+def _bound(times: dict, ops_hbm_bound: float) -> str:
+    """What limits the estimated step: the largest term, the per-instruction sum read as
+    "hbm" or "compute" by where most of its time goes."""
+    key = max(times, key=times.get)
+    if key != "ops":
+        return key
+    return "hbm" if ops_hbm_bound > times["ops"] / 2 else "compute"
 
 
 def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict:
@@ -719,7 +769,8 @@ def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict
                                "outputs": 0, "aliased": 0, "temp": temp, "total": total},
             "flops_per_chip": None, "model_flops_per_chip": model_flops / mesh.size,
             "model_flops_with_remat_per_chip": None, "cost_analysis_flops_per_chip": None,
-            "loop_scale": None, "bytes_loop_scale": None, "bytes_accessed_per_chip": None,
+            "loop_scale": None, "bytes_accessed_per_chip": None,
+            "xla_bytes_accessed_per_chip": None,
             "collectives": {}, "collective_bytes_per_chip": None, "roofline_seconds": {},
             "bound": None, "est_step_seconds": None, "est_tokens_per_s": None, "est_mfu": None,
             "compile_seconds": seconds}
@@ -899,7 +950,8 @@ def format_report(r: dict) -> str:
         f"trip counts; cost_analysis counts {r['cost_analysis_flops_per_chip']:.3g}); model "
         f"{r['model_flops_per_chip']:.3g} (3 x forward matmuls), with remat recompute "
         f"{r['model_flops_with_remat_per_chip']:.3g}",
-        f"bytes accessed per chip {r['bytes_accessed_per_chip']:.3g}",
+        f"HBM bytes per chip {r['bytes_accessed_per_chip']:.3g} (VMEM-resident operands "
+        f"excluded; XLA's cost_analysis, loops scaled: {r['xla_bytes_accessed_per_chip']:.3g})",
         "collectives per chip: " + (", ".join(
             f"{k} {v['count']}x {v['bytes'] / 1e6:.1f} MB" for k, v in
             sorted(r["collectives"].items())) or "none"),
