@@ -199,6 +199,11 @@ class MeshConfig:
     data: int = -1  # -1 = all remaining devices
     fsdp: int = 1
     tensor: int = 1
+    # XLA:TPU's collective matmuls ("windowed einsum": a sharded matmul as a loop over shards,
+    # each step a partial product accumulated in HBM). Off: the weights are all-gathered and
+    # multiplied once, as MaxText's dense configs do; the compiled T5 v1.1 XL step on v5p-64
+    # moves ~2x fewer HBM bytes that way (bench/RESULTS.md). TPU only.
+    collective_matmul: bool = False
     multihost: bool = False  # call jax.distributed.initialize()
     coordinator_address: str = ""  # "" = discover (TPU / SLURM) or env vars
     num_processes: int = 0

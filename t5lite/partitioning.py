@@ -112,6 +112,15 @@ def logical_sharding(logical_specs, mesh, rules=LOGICAL_RULES):
     return nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
 
 
+def compiler_options(mesh_cfg, mesh) -> dict:
+    """XLA options for programs jitted over ``mesh``: on TPU, collective matmuls only when
+    mesh.collective_matmul asks for them (config.MeshConfig); nothing elsewhere."""
+    if mesh.devices.flat[0].platform != "tpu" or mesh_cfg.collective_matmul:
+        return {}
+    return {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+            "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
+
+
 def batch_sharding(mesh) -> NamedSharding:
     """Leading (batch) dimension over (data, fsdp); other dims replicated."""
     return NamedSharding(mesh, P(BATCH_AXES))

@@ -188,7 +188,8 @@ def make_train_step(cfg, model, tx, mesh, shardings, schedule=None, trainable=No
 
     rep = partitioning.replicated(mesh)
     jitted = jax.jit(step_fn, in_shardings=(shardings, partitioning.batch_sharding(mesh)),
-                     out_shardings=(shardings, rep), donate_argnums=(0,))
+                     out_shardings=(shardings, rep), donate_argnums=(0,),
+                     compiler_options=partitioning.compiler_options(cfg.mesh, mesh))
 
     def run(state, batch):
         with partitioning.activate(mesh):
@@ -204,7 +205,8 @@ def make_eval_step(cfg, model, mesh, param_shardings):
         return losses.compute_loss(cfg, outputs, batch)[1]
 
     jitted = jax.jit(eval_fn, in_shardings=(param_shardings, partitioning.batch_sharding(mesh)),
-                     out_shardings=partitioning.replicated(mesh))
+                     out_shardings=partitioning.replicated(mesh),
+                     compiler_options=partitioning.compiler_options(cfg.mesh, mesh))
 
     def run(params, batch):
         with partitioning.activate(mesh):

@@ -265,6 +265,33 @@ def test_json_has_the_agreed_keys(capsys):
     assert r["topology"] == "v5litepod-1" and r["chips"] == 1
 
 
+# one T5 v1.1 XL-wide layer a stack, 4 x 512 tokens per chip: big enough for XLA:TPU to turn
+# the fsdp-sharded matmuls into collective matmuls when they are allowed
+XL_WIDE = ["data.batch_size=16", "data.feature_lengths.inputs=512",
+           "data.feature_lengths.targets=16", "model.scan_unroll=1", "mesh.data=1",
+           "mesh.fsdp=-1", "model.d_model=2048", "model.d_ff=5120", "model.num_heads=32",
+           "model.head_dim=64", "model.num_encoder_layers=1", "model.num_decoder_layers=1",
+           "model.dtype=bfloat16"]
+
+
+def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
+    from t5lite import partitioning
+    topo = aot.parse_topology("v5litepod-4")
+    runs = {}
+    for on in (False, True):
+        cfg = config_lib.load_config("t5_1_1_tiny", XL_WIDE + [f"mesh.collective_matmul={on}"])
+        runs[on] = aot.compile_step(cfg, topo)
+    permutes = {on: r["collectives"].get("collective-permute", {}).get("count", 0)
+                for on, r in runs.items()}
+    # windowed einsums pass weight shards round the ring: many permutes; off, the weights
+    # are all-gathered once per matmul and the partial sums never go through HBM
+    assert permutes[True] > 4 * permutes[False]
+    assert runs[False]["bytes_accessed_per_chip"] < runs[True]["bytes_accessed_per_chip"]
+    cpu_mesh = partitioning.make_mesh(config_lib.load_config("t5_1_1_tiny").mesh, jax.devices()[:1])
+    assert partitioning.compiler_options(config_lib.load_config("t5_1_1_tiny").mesh,
+                                         cpu_mesh) == {}
+
+
 def test_remat_order_is_strict_in_compiled_temporaries():
     temp = {p: compiled("gpt2_tiny", "v5litepod-1", f"model.remat={p}")["bytes_per_chip"]["temp"]
             for p in ("none", "minimal", "full")}
