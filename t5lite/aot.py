@@ -338,13 +338,41 @@ def _dot_flops(line: str, results: dict, operands: list, out_text: str) -> int:
     return 2 * math.prod(_dims(out_text)) * k
 
 
+def _sliced_read(comps, fused: str, index: int, results: dict, depth: int = 0):
+    """Bytes fused computation ``fused`` reads of its parameter ``index`` when every use is a
+    dynamic-slice, directly or inside nested fusions (a scanned layer's backward reads its
+    slice of the stacked [layers, ...] residuals this way); None when something reads it
+    whole."""
+    parsed = [(d, line) for line in comps.get(fused, []) if (d := _DEF.match(line))]
+    param = next((d.group(1) for d, line in parsed if d.group(3) == "parameter" and int(
+        re.search(r"parameter\((\d+)\)", line).group(1)) == index), None)
+    uses = [(d.group(3), d.group(1), line, ops) for d, line in parsed
+            if param in (ops := _operands(line, d.end()))]
+    if param is None or not uses or depth > 8:
+        return None
+    total = 0
+    for kind, name, line, ops in uses:
+        called = re.search(r"\bcalls=%?([\w.\-]+)", line)
+        if kind == "dynamic-slice" and ops[0] == param:
+            total += _shape_bytes(results.get(name, ""))
+        elif kind == "fusion" and called:
+            inner = [_sliced_read(comps, called.group(1), i, results, depth + 1)
+                     for i, o in enumerate(ops) if o == param]
+            if any(n is None for n in inner):
+                return None
+            total += sum(inner)
+        else:
+            return None
+    return total
+
+
 def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: str) -> int:
     """HBM bytes a fusion reads and writes: operands and results in VMEM count nothing; a
-    parameter read only through dynamic-slices counts as those slices, and a root
-    dynamic-update-slice into a parameter (in place) as its update (the scanned layers'
-    stacked weights and saved activations)."""
+    parameter read only through dynamic-slices (also inside nested fusions) counts as those
+    slices, and a root dynamic-update-slice into a parameter (in place) as its update (the
+    scanned layers' stacked weights and saved activations)."""
     lines = comps.get(fused, [])
-    params, users, root_dus = {}, {}, {}
+    params, root_dus = {}, {}
     defs = {}
     for line in lines:
         d = _DEF.match(line)
@@ -354,8 +382,6 @@ def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: 
         defs[name] = (kind, line, d.end())
         if kind == "parameter":
             params[int(re.search(r"parameter\((\d+)\)", line).group(1))] = name
-        for o in _operands(line, d.end()):
-            users.setdefault(o, []).append((kind, name))
     root = next((_DEF.match(line) for line in lines if line.lstrip().startswith("ROOT")), None)
     roots = [root.group(1)] if root else []
     if root and root.group(3) == "tuple":
@@ -369,14 +395,10 @@ def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: 
             written += root_dus[buf] - _shape_bytes(results.get(r, ""))
     read = 0
     for i, outer in enumerate(operands):
-        p = params.get(i)
-        if p in root_dus or not _hbm_bytes(results.get(outer, "")):
+        if params.get(i) in root_dus or not _hbm_bytes(results.get(outer, "")):
             continue  # updated in place (the update is counted as written), or in VMEM
-        us = users.get(p, [])
-        if us and all(k == "dynamic-slice" for k, _ in us):
-            read += sum(_shape_bytes(results.get(n, "")) for _, n in us)
-        else:
-            read += _hbm_bytes(results.get(outer, ""))
+        sliced = _sliced_read(comps, fused, i, results)
+        read += sliced if sliced is not None else _hbm_bytes(results.get(outer, ""))
     return read + max(written, 0)
 
 

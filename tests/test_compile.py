@@ -197,6 +197,40 @@ def test_hbm_bytes_skip_vmem_and_each_instruction_gets_its_own_roofline():
     assert aot.hlo_costs(HLO_VMEM)["op_seconds"] == 0.0  # no chip, no time
 
 
+# A scanned layer's backward reading its slice of a stacked [layers, ...] residual through a
+# nested fusion: only the [1, 8, 16] slice is read, not the [4, 8, 16] stack.
+HLO_NESTED_SLICE = """HloModule m
+
+%inner (q0: f32[4,8,16], q1: s32[]) -> f32[1,8,16] {
+  %q0 = f32[4,8,16]{2,1,0} parameter(0)
+  %q1 = s32[]{:T(128)S(6)} parameter(1)
+  %z = s32[] constant(0)
+  ROOT %ds = f32[1,8,16]{2,1,0} dynamic-slice(%q0, %q1, %z, %z), dynamic_slice_sizes={1,8,16}
+}
+
+%outer (p0: f32[4,8,16], p1: s32[], p2: f32[1,8,16]) -> f32[1,8,16] {
+  %p0 = f32[4,8,16]{2,1,0} parameter(0)
+  %p1 = s32[]{:T(128)S(6)} parameter(1)
+  %p2 = f32[1,8,16]{2,1,0} parameter(2)
+  %n = f32[1,8,16]{2,1,0} fusion(%p0, %p1), kind=kLoop, calls=%inner
+  ROOT %m = f32[1,8,16]{2,1,0} multiply(%n, %p2)
+}
+
+ENTRY %main (a: f32[4,8,16], i: s32[], b: f32[1,8,16]) -> f32[1,8,16] {
+  %a = f32[4,8,16]{2,1,0} parameter(0)
+  %i = s32[]{:T(128)S(6)} parameter(1)
+  %b = f32[1,8,16]{2,1,0} parameter(2)
+  ROOT %f = f32[1,8,16]{2,1,0} fusion(%a, %i, %b), kind=kLoop, calls=%outer
+}
+"""
+
+
+def test_hbm_bytes_of_a_stacked_operand_read_through_a_nested_slice_are_the_slice():
+    slice_bytes = 8 * 16 * 4
+    # the slice of a, all of b, the output; the index lives in SMEM
+    assert aot.hlo_costs(HLO_NESTED_SLICE)["bytes"] == 3 * slice_bytes
+
+
 def test_hbm_bytes_of_a_compiled_matmul_are_its_inputs_and_output():
     """The whole HBM traffic model against the one program whose traffic is known: a matmul
     with an elementwise epilogue reads each input once and writes its output once."""
