@@ -37,14 +37,19 @@ ROWS = {
     "t5_1_1_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
     "t5_1_1_xl": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256"]),
     "t5_1_1_xxl": ("v5p-256", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256"]),
+    # XL fits v5p-64 without remat (95 GiB chips): no recompute
+    "t5_1_1_xl@remat_none": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256",
+                                        "model.remat=none"]),
     # the setting of ../shared/TPU_ANCHOR.md (t5x vs t5lite): 8 chips, fsdp=8, layers unrolled
     "t5_1_1_base@anchor": ("v5p:2x2x2", ["mesh.data=1", "mesh.fsdp=-1",
                                          "model.scan_layers=false"]),
     "bert_base": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
     "bert_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "gpt2_small": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "gpt2_medium": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "gpt2_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
+    # GPT-2's 512 x 1024 batch and 50257-way logits: no remat does not fit v5p-8 / v5p-16
+    # (XLA asks for 253-590 GiB a chip); full remat on 16-32 chips does
+    "gpt2_small": ("v5p-32", ["mesh.data=1", "mesh.fsdp=-1", "model.remat=full"]),
+    "gpt2_medium": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "model.remat=full"]),
+    "gpt2_large": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "model.remat=full"]),
 }
 GiB = 1024 ** 3
 
@@ -78,7 +83,8 @@ def render(jsonl: str, out: str) -> None:
     if os.path.exists(jsonl):
         for line in open(jsonl):
             r = json.loads(line)
-            done[r.get("row", r["config"])] = r
+            if "xla_bytes_accessed_per_chip" in r:  # compiled since the HBM traffic model
+                done[r.get("row", r["config"])] = r
     g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
     lines = [
         "# TPU plan: every preset compiled for a TPU slice on a CPU host",
@@ -88,7 +94,10 @@ def render(jsonl: str, out: str) -> None:
         "activations the remat policy saves + one layer's working set + logits "
         "(t5lite.aot.analytic_bytes). FLOPs: compiled (the HLO's matmuls, every loop x its "
         "trip count) / model (3 x forward matmuls, + remat recompute). MFU: roofline "
-        "estimate (max of compute, HBM and ICI time) from the chip table in t5lite/aot.py.",
+        "estimate from the chip table in t5lite/aot.py: the largest of FLOPs / peak, HBM "
+        "bytes / bandwidth (operands in VMEM excluded), collective bytes / ICI bandwidth and "
+        "the sum of every instruction's own roofline (`roofline_seconds` in the JSON). "
+        "Compiled with `mesh.collective_matmul=false` (the default; README).",
         "",
         "| preset | slice | mesh | remat | batch | GiB/chip (params+opt / temp / total) | "
         "min GiB | HBM | fits | compiled / model FLOPs | est. step | est. MFU | compile |",
@@ -132,16 +141,12 @@ def render(jsonl: str, out: str) -> None:
               "row. A row that XLA refused (its temporaries exceed HBM) is a measured *does "
               "not fit*: the preset needs remat, micro-batches or more chips there "
               "(`t5lite compile --search` finds which).", "",
-              "Caveats: the memory figures are XLA's own. Rows compiled before aot.hlo_costs "
-              "(their JSON has no analytic_bytes_per_chip) counted FLOPs as cost_analysis x a "
-              "jaxpr loop ratio, which missed XLA's collective-matmul loops (ratios 0.55-0.85 "
-              "on fsdp-8+ rows); rows compiled since count the HLO's matmuls with every loop's "
-              "trip count. Bytes are cost_analysis scaled by the HLO's traffic with / without "
-              "trip counts: the HBM term of the roofline, and with it the MFU, is the least "
-              "certain number here. The T5 v1.1 XL / XXL, anchor and T5 v1.0 3B / 11B rows "
-              "were compiled after softmax_to's residual barrier (bench/RESULTS.md: the "
-              "float32 exp the backward kept alive); the other rows before it, and their "
-              "temporaries may be higher than today's code compiles to (not re-measured)."]
+              "Caveats: the memory figures are XLA's own. The roofline is an estimate: "
+              "HBM bytes are the compiled HLO's top-level instructions' reads and writes "
+              "outside VMEM (aot.hlo_costs), with no cache or overlap effects beyond the "
+              "per-instruction sum. Rows compiled before session 15 (JSON without "
+              "`roofline_seconds.ops`) used cost_analysis's bytes, which count VMEM operands "
+              "too, and XLA's collective matmuls; the table shows only rows compiled since."]
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
 
