@@ -1,0 +1,205 @@
+"""t5x's examples/t5 network and t5lite compiled for the same TPU slice, same way, on this host
+(libtpu, no TPU) -> per-chip memory, HBM bytes and roofline MFU of each (bench/RESULTS.md).
+
+    python bench/t5x_anchor.py --t5x /path/to/google-research/t5x [--collective-matmul both]
+
+The setting of ../shared/TPU_ANCHOR.md: T5 v1.1 base (t5x: t5_1_1/base.gin's T5Config;
+t5lite: the t5_1_1_base preset), batch 128 x (512 inputs + 114 targets) packed, dropout 0,
+parameters float32 and activations bfloat16, layers unrolled, 8-way parameter sharding along
+`embed` (t5x: its standard rules with 2-D parameter partitioning, mesh data=8; t5lite: mesh
+fsdp=8), both stepped by t5lite's Adafactor (optim.make_optimizer) and its cross-entropy with
+z-loss. Both sides compile with the same XLA options: `--collective-matmul off` is t5lite's
+default (partitioning.compiler_options), `on` XLA's own default (windowed einsums).
+
+t5x is not on PyPI: give a checkout (only t5x/examples/t5/{network,layers}.py are imported,
+which need flax alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+TOPOLOGY = "v5p:2x2x2"
+BATCH, INPUTS, TARGETS = 128, 512, 114
+GiB = 1024 ** 3
+
+
+def load_t5x_network(root: str):
+    """t5x.examples.t5.network from a checkout, without importing the t5x package (whose
+    __init__ pulls t5x's trainer, checkpoints and seqio)."""
+    base = os.path.join(root, "t5x", "examples", "t5")
+    if not os.path.exists(os.path.join(base, "network.py")):
+        sys.exit(f"{base}/network.py not found: pass --t5x a checkout of google-research/t5x")
+    for pkg in ("t5x", "t5x.examples", "t5x.examples.t5"):
+        sys.modules.setdefault(pkg, types.ModuleType(pkg))
+    mods = {}
+    for name in ("layers", "network"):
+        spec = importlib.util.spec_from_file_location(f"t5x.examples.t5.{name}",
+                                                      os.path.join(base, f"{name}.py"))
+        mods[name] = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mods[name]
+        setattr(sys.modules["t5x.examples.t5"], name, mods[name])
+        spec.loader.exec_module(mods[name])
+    return mods["network"]
+
+
+# t5x.partitioning.standard_logical_axis_rules(activation_partitioning_dims=1,
+# parameter_partitioning_dims=2) with the mesh t5x builds for model parallelism 1
+T5X_RULES = [("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"),
+             ("kv", None), ("joined_kv", "model"), ("embed", "data"), ("relpos_buckets", None),
+             ("abspos_buckets", None), ("length", None), ("layers", None), ("stack", None),
+             ("mlp_activations", None)]
+
+
+def t5x_step(network, devices, options: dict):
+    """t5x's T5 v1.1 base train step, jitted over a data=8 mesh -> (jitted, abstract args)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    import flax
+    from flax import linen as nn
+    from flax.linen import partitioning as nn_partitioning
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from t5lite import config as config_lib, losses, optim
+
+    t5cfg = network.T5Config(  # t5x/examples/t5/t5_1_1/base.gin
+        vocab_size=32128, dtype=jnp.bfloat16, emb_dim=768, num_heads=12,
+        num_encoder_layers=12, num_decoder_layers=12, head_dim=64, mlp_dim=2048,
+        mlp_activations=("gelu", "linear"), dropout_rate=0.0, logits_via_embedding=False)
+    model = network.Transformer(t5cfg)
+    mesh = Mesh(np.asarray(devices).reshape(len(devices), 1), ("data", "model"))
+    cfg = config_lib.load_config("t5_1_1_base")
+    tx = optim.make_optimizer(cfg.optim, cfg.train.steps)
+
+    tokens = {"inputs": jax.ShapeDtypeStruct((BATCH, INPUTS), jnp.int32),
+              "targets": jax.ShapeDtypeStruct((BATCH, TARGETS), jnp.int32)}
+
+    def init(rng, inputs, targets):
+        return model.init(rng, inputs, targets, targets, enable_dropout=False)
+
+    variables = jax.eval_shape(init, jax.random.key(0), tokens["inputs"], tokens["targets"])
+    axes = flax.core.unfreeze(nn_partitioning.get_axis_names(variables["params_axes"]))
+    params = flax.core.unfreeze(variables["params"])
+    param_sh = nn.logical_to_mesh_sharding(axes, mesh, T5X_RULES)
+    opt = jax.eval_shape(tx.init, params)
+    # param-shaped optimizer leaves follow their parameter; Adafactor's factored row / column
+    # statistics (a few MB in all) are replicated
+    rep = NamedSharding(mesh, P())
+    opt_sh = optax.tree_map_params(
+        tx, lambda leaf, sh, prm: sh if leaf.shape == prm.shape else rep, opt, param_sh, params,
+        transform_non_params=lambda _: rep)
+    batch_sh = NamedSharding(mesh, P("data"))
+    names = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
+             "encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
+             "decoder_positions", "decoder_loss_weights")
+    shape = {n: (BATCH, INPUTS if n.startswith("encoder") else TARGETS) for n in names}
+    batch = {n: jax.ShapeDtypeStruct(shape[n], jnp.int32, sharding=batch_sh) for n in names}
+
+    def loss_fn(p, b):
+        logits = model.apply({"params": p}, *(b[n] for n in names[:7]), enable_dropout=False)
+        ce, z = losses.cross_entropy_with_logits(logits, b["decoder_target_tokens"],
+                                                 z_loss=cfg.train.z_loss)
+        w = b["decoder_loss_weights"].astype(jnp.float32)
+        return jnp.sum((ce + z) * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+    def step(state, b):
+        p, o = state
+        with nn_partitioning.axis_rules(T5X_RULES):
+            loss, g = jax.value_and_grad(loss_fn)(p, b)
+        u, o = tx.update(g, o, p)
+        return (optax.apply_updates(p, u), o), loss
+
+    abstract = (jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             params, param_sh),
+                jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             opt, opt_sh))
+    jitted = jax.jit(step, in_shardings=((param_sh, opt_sh), batch_sh),
+                     out_shardings=((param_sh, opt_sh), NamedSharding(mesh, P())),
+                     donate_argnums=(0,), compiler_options=options)
+    return jitted, mesh, (abstract, batch)
+
+
+def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
+    from t5lite import aot
+    chip = aot.parse_topology(TOPOLOGY).chip
+    mem = compiled.memory_analysis()
+    hlo = aot.hlo_costs(compiled.as_text(), chip)
+    coll = sum(c["bytes"] for c in hlo["collectives"].values())
+    times = {"compute": hlo["matmul_flops"] / chip.peak_flops, "hbm": hlo["bytes"] / chip.hbm_bw,
+             "ici": coll / chip.ici_bw, "ops": hlo["op_seconds"]}
+    est = max(times.values())
+    return {"arguments_gib": mem.argument_size_in_bytes / GiB,
+            "temp_gib": mem.temp_size_in_bytes / GiB,
+            "total_gib": (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                          - mem.alias_size_in_bytes + mem.temp_size_in_bytes) / GiB,
+            "flops_per_chip": float(hlo["matmul_flops"]), "hbm_bytes_per_chip": hlo["bytes"],
+            "roofline_ms": {k: round(v * 1e3, 2) for k, v in times.items()},
+            "est_mfu": model_flops_per_chip / (est * chip.peak_flops),
+            "compile_seconds": round(seconds)}
+
+
+def model_flops_per_chip(cfg, mesh) -> float:
+    """3 x forward matmul FLOPs of the step (trainer.step_flops, the model both sides run)."""
+    from t5lite import trainer
+    from t5lite.models import build_model
+    from t5lite.optim import make_optimizer
+    model = build_model(cfg.model)
+    abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh,
+                                                  make_optimizer(cfg.optim, cfg.train.steps))
+    return trainer.step_flops(cfg, model, mesh, abstract.params, BATCH) / mesh.size
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--t5x", required=True, help="a checkout of google-research/t5x")
+    p.add_argument("--collective-matmul", choices=("off", "on", "both"), default="both")
+    p.add_argument("--sides", nargs="*", choices=("t5x", "t5lite"), default=["t5x", "t5lite"])
+    args = p.parse_args()
+    import jax
+
+    from t5lite import aot, config as config_lib, partitioning
+    aot.require_libtpu()
+    topo = aot.parse_topology(TOPOLOGY)
+    devices = aot.abstract_devices(topo)
+    network = load_t5x_network(args.t5x) if "t5x" in args.sides else None
+    modes = ("off", "on") if args.collective_matmul == "both" else (args.collective_matmul,)
+    sets = ["mesh.data=1", "mesh.fsdp=-1", "model.scan_layers=false"]  # the plan's anchor row
+    for mode in modes:
+        cfg = config_lib.load_config("t5_1_1_base",
+                                     sets + [f"mesh.collective_matmul={mode == 'on'}"])
+        mesh = partitioning.make_mesh(cfg.mesh, devices)
+        if "t5lite" in args.sides:
+            r = aot.compile_step(cfg, topo, devices)
+            b = r["bytes_per_chip"]
+            print(json.dumps({
+                "side": "t5lite", "collective_matmul": mode, "arguments_gib": b["arguments"] / GiB,
+                "temp_gib": b["temp"] / GiB, "total_gib": b["total"] / GiB,
+                "flops_per_chip": r["flops_per_chip"],
+                "hbm_bytes_per_chip": r["bytes_accessed_per_chip"],
+                "roofline_ms": {k: round(v * 1e3, 2) for k, v in r["roofline_seconds"].items()},
+                "est_mfu": r["est_mfu"], "compile_seconds": round(r["compile_seconds"])}),
+                flush=True)
+        if network is not None:
+            jitted, t5x_mesh, (state, batch) = t5x_step(
+                network, devices, partitioning.compiler_options(cfg.mesh, mesh))
+            t0 = time.time()
+            with jax.set_mesh(t5x_mesh):
+                compiled = jitted.lower(state, batch).compile()
+            print(json.dumps(dict(side="t5x", collective_matmul=mode, **report(
+                compiled, time.time() - t0, model_flops_per_chip(cfg, mesh)))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
