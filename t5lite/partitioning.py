@@ -112,13 +112,21 @@ def logical_sharding(logical_specs, mesh, rules=LOGICAL_RULES):
     return nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
 
 
-def compiler_options(mesh_cfg, mesh) -> dict:
+def compiler_options(cfg, mesh) -> dict:
     """XLA options for programs jitted over ``mesh``: on TPU, collective matmuls only when
-    mesh.collective_matmul asks for them (config.MeshConfig); nothing elsewhere."""
-    if mesh.devices.flat[0].platform != "tpu" or mesh_cfg.collective_matmul:
+    mesh.collective_matmul asks for them (config.MeshConfig); nothing elsewhere.
+
+    One exception, a libtpu bug worked around: with the all-gather ones off, libtpu 0.0.42.1
+    overflows a compiler thread's stack (SIGSEGV after buffer assignment) on the scanned,
+    rematerialised T5 v1.0 3B step with dropout (2+2 layers enough; v1.1 XL with the same
+    dropout and remat compiles), so a step with dropout under remat keeps them."""
+    if mesh.devices.flat[0].platform != "tpu" or cfg.mesh.collective_matmul:
         return {}
-    return {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
-            "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
+    options = {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+               "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
+    if cfg.model.dropout_rate > 0 and cfg.model.remat != "none":
+        del options["xla_tpu_enable_windowed_einsum_for_all_gather"]
+    return options
 
 
 def batch_sharding(mesh) -> NamedSharding:

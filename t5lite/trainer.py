@@ -189,7 +189,7 @@ def make_train_step(cfg, model, tx, mesh, shardings, schedule=None, trainable=No
     rep = partitioning.replicated(mesh)
     jitted = jax.jit(step_fn, in_shardings=(shardings, partitioning.batch_sharding(mesh)),
                      out_shardings=(shardings, rep), donate_argnums=(0,),
-                     compiler_options=partitioning.compiler_options(cfg.mesh, mesh))
+                     compiler_options=partitioning.compiler_options(cfg, mesh))
 
     def run(state, batch):
         with partitioning.activate(mesh):
@@ -206,7 +206,7 @@ def make_eval_step(cfg, model, mesh, param_shardings):
 
     jitted = jax.jit(eval_fn, in_shardings=(param_shardings, partitioning.batch_sharding(mesh)),
                      out_shardings=partitioning.replicated(mesh),
-                     compiler_options=partitioning.compiler_options(cfg.mesh, mesh))
+                     compiler_options=partitioning.compiler_options(cfg, mesh))
 
     def run(params, batch):
         with partitioning.activate(mesh):

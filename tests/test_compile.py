@@ -321,9 +321,19 @@ def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
     # are all-gathered once per matmul and the partial sums never go through HBM
     assert permutes[True] > 4 * permutes[False]
     assert runs[False]["bytes_accessed_per_chip"] < runs[True]["bytes_accessed_per_chip"]
-    cpu_mesh = partitioning.make_mesh(config_lib.load_config("t5_1_1_tiny").mesh, jax.devices()[:1])
-    assert partitioning.compiler_options(config_lib.load_config("t5_1_1_tiny").mesh,
-                                         cpu_mesh) == {}
+    tiny = config_lib.load_config("t5_1_1_tiny")
+    cpu_mesh = partitioning.make_mesh(tiny.mesh, jax.devices()[:1])
+    assert partitioning.compiler_options(tiny, cpu_mesh) == {}
+    # the libtpu crash workaround: dropout under remat keeps the all-gather collective matmuls
+    tpu_mesh = partitioning.make_mesh(tiny.mesh, aot.abstract_devices(topo))
+    off = {"xla_tpu_enable_windowed_einsum_for_all_gather",
+           "xla_tpu_enable_windowed_einsum_for_reduce_scatter"}
+    for sets, kept in ((["model.dropout_rate=0.1", "model.remat=full"], off - {
+            "xla_tpu_enable_windowed_einsum_for_all_gather"}),
+                       (["model.dropout_rate=0.1", "model.remat=none"], off),
+                       (["model.dropout_rate=0.0", "model.remat=minimal"], off)):
+        opts = partitioning.compiler_options(config_lib.load_config("t5_1_1_tiny", sets), tpu_mesh)
+        assert set(opts) == kept and not any(opts.values()), (sets, opts)
 
 
 def test_remat_order_is_strict_in_compiled_temporaries():
