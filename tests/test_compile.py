@@ -450,6 +450,20 @@ def test_softmax_to_keeps_autodiff_gradient(dtype, tol):
     np.testing.assert_allclose(ours, ref, atol=tol * float(jnp.abs(ref).max()))
 
 
+def test_scanned_softmax_saves_its_probabilities_once(capsys):
+    # the value product and softmax_to's backward read the same bf16 probabilities; in a scan
+    # two distinct arrays would be two stacked [layers, B, H, T, S] residuals
+    def layer(x, _):
+        p = layers.softmax_to(jnp.einsum("bhtd,bhsd->bhts", x, x), jnp.bfloat16)
+        return jnp.einsum("bhts,bhsd->bhtd", p, x).astype(x.dtype), None
+
+    x = jnp.ones((2, 3, 16, 8), jnp.bfloat16)
+    jax.ad_checkpoint.print_saved_residuals(
+        lambda x: jax.lax.scan(layer, x, None, 4)[0].astype(jnp.float32).sum(), x)
+    res = capsys.readouterr().out
+    assert res.count("bf16[4,2,3,16,16]") == 1, res
+
+
 def _residual_bytes(platform, capsys, **sets):
     cfg = config_lib.load_config("t5_1_1_tiny", ["model.dtype=bfloat16", "model.scan_unroll=1",
                                                  "model.num_encoder_layers=2",
