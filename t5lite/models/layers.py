@@ -369,17 +369,20 @@ def _softmax_narrow(logits32, dtype):
 
 
 def _softmax_narrow_fwd(logits32, dtype):
-    # The barrier makes the backward read these stored probabilities. Without it XLA (TPU)
-    # fuses the recomputation of y = exp / sum into the backward's fusion and keeps the float32
-    # exp [B, H, T, S] alive across the whole forward pass to feed it: 192 MiB per T5-base
-    # encoder layer at 16 x 512 tokens per chip (bench/RESULTS.md). The barrier's output is
-    # also the one returned, so the value product's residual is the same array: in a scanned
-    # stack two distinct arrays became two stacked [layers, B, H, T, S] residuals.
-    y = jax.lax.optimization_barrier(_softmax_narrow(logits32, dtype))
+    y = _softmax_narrow(logits32, dtype)
+    # The residual is the returned array itself: the value product's backward needs the same
+    # probabilities, and in a scanned stack two distinct arrays (as a barrier's output here
+    # would be) become two stacked [layers, B, H, T, S] residuals.
     return y, y
 
 
 def _softmax_narrow_bwd(dtype, y, g):
+    # The barrier makes the backward read the stored probabilities. Without it XLA (TPU)
+    # fuses the recomputation of y = exp / sum into the backward's fusion and keeps the float32
+    # exp [B, H, T, S] alive across the whole forward pass to feed it: 192 MiB per T5-base
+    # encoder layer at 16 x 512 tokens per chip (bench/RESULTS.md). Here, not in the forward
+    # rule, so the forward's value product can still fuse the normalisation under remat.
+    y = jax.lax.optimization_barrier(y)
     y32, g32 = y.astype(jnp.float32), g.astype(jnp.float32)
     return (y32 * (g32 - jnp.sum(g32 * y32, axis=-1, keepdims=True)),)
 
