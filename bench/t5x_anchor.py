@@ -136,14 +136,11 @@ def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
     chip = aot.parse_topology(TOPOLOGY).chip
     mem = compiled.memory_analysis()
     hlo = aot.hlo_costs(compiled.as_text(), chip)
-    coll = sum(c["bytes"] for c in hlo["collectives"].values())
-    times = {"compute": hlo["matmul_flops"] / chip.peak_flops, "hbm": hlo["bytes"] / chip.hbm_bw,
-             "ici": coll / chip.ici_bw, "ops": hlo["op_seconds"]}
+    times = aot.roofline_seconds(hlo, chip)
     est = max(times.values())
     return {"arguments_gib": mem.argument_size_in_bytes / GiB,
             "temp_gib": mem.temp_size_in_bytes / GiB,
-            "total_gib": (mem.argument_size_in_bytes + mem.output_size_in_bytes
-                          - mem.alias_size_in_bytes + mem.temp_size_in_bytes) / GiB,
+            "total_gib": aot.memory_total(mem) / GiB,
             "flops_per_chip": float(hlo["matmul_flops"]), "hbm_bytes_per_chip": hlo["bytes"],
             "roofline_ms": {k: round(v * 1e3, 2) for k, v in times.items()},
             "est_mfu": model_flops_per_chip / (est * chip.peak_flops),

@@ -668,6 +668,23 @@ def trace_train_step(cfg, mesh, model, tx, differentiate_all: bool = False):
         return abstract, step.jitted.trace(abstract, batch)
 
 
+def memory_total(mem) -> int:
+    """Per-chip bytes of a compiled program (its memory_analysis()): arguments + outputs not
+    aliased to (donated) arguments + temporaries."""
+    return (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+            + mem.temp_size_in_bytes)
+
+
+def roofline_seconds(hlo: dict, chip: Chip) -> dict:
+    """Lower bounds on a step's time from hlo_costs(..., chip): its FLOPs at peak, its HBM
+    bytes at full bandwidth, its collectives at full ICI bandwidth, and the sum of its
+    instructions' own rooflines (`ops`: they run one after another; collectives overlap them).
+    The estimate is the largest."""
+    return {"compute": hlo["matmul_flops"] / chip.peak_flops, "hbm": hlo["bytes"] / chip.hbm_bw,
+            "ici": sum(c["bytes"] for c in hlo["collectives"].values()) / chip.ici_bw,
+            "ops": hlo["op_seconds"]}
+
+
 def _compile(cfg, topo: Topology, devices=None) -> dict:
     import time
 
@@ -718,13 +735,8 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     coll_bytes = sum(c["bytes"] for c in coll.values())
     params = _leaf_bytes(abstract.params)
     opt = _leaf_bytes(abstract.opt_state)
-    total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-             + mem.temp_size_in_bytes)
-    # The step takes at least its FLOPs at peak, its HBM bytes at full bandwidth, its
-    # collectives at full ICI bandwidth, and the sum of its instructions' own rooflines
-    # (`ops`: they run one after another; collectives overlap them).
-    times = {"compute": flops / chip.peak_flops, "hbm": bytes_accessed / chip.hbm_bw,
-             "ici": coll_bytes / chip.ici_bw, "ops": hlo["op_seconds"]}
+    total = memory_total(mem)
+    times = roofline_seconds(hlo, chip)
     est = max(times.values())
     model_per_chip = model_flops / chips
     floor = analytic_bytes(cfg, dict(mesh.shape), params, opt)
@@ -842,8 +854,7 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list) else cost
-    total = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-             + mem.temp_size_in_bytes)
+    total = memory_total(mem)
     hbm = hbm_bytes or topo.chip.hbm_bytes
     hlo = hlo_costs(compiled.as_text())
     return {"config": cfg.name, "program": "decode", "method": cfg.decode.method,

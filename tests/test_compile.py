@@ -324,7 +324,8 @@ def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
     tiny = config_lib.load_config("t5_1_1_tiny")
     cpu_mesh = partitioning.make_mesh(tiny.mesh, jax.devices()[:1])
     assert partitioning.compiler_options(tiny, cpu_mesh) == {}
-    # the libtpu crash workaround: dropout under remat keeps the all-gather collective matmuls
+    # the libtpu crash workaround: an encoder-decoder with dropout under remat keeps the
+    # all-gather collective matmuls
     tpu_mesh = partitioning.make_mesh(tiny.mesh, aot.abstract_devices(topo))
     off = {"xla_tpu_enable_windowed_einsum_for_all_gather",
            "xla_tpu_enable_windowed_einsum_for_reduce_scatter"}
