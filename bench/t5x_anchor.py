@@ -138,9 +138,9 @@ def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
     hlo = aot.hlo_costs(compiled.as_text(), chip)
     times = aot.roofline_seconds(hlo, chip)
     est = max(times.values())
-    return {"arguments_gib": mem.argument_size_in_bytes / GiB,
-            "temp_gib": mem.temp_size_in_bytes / GiB,
-            "total_gib": aot.memory_total(mem) / GiB,
+    b = aot.memory_bytes(mem)
+    return {"arguments_gib": b["arguments"] / GiB, "temp_gib": b["temp"] / GiB,
+            "xla_temp_gib": b["xla_temp"] / GiB, "total_gib": b["total"] / GiB,
             "flops_per_chip": float(hlo["matmul_flops"]), "hbm_bytes_per_chip": hlo["bytes"],
             "roofline_ms": {k: round(v * 1e3, 2) for k, v in times.items()},
             "est_mfu": model_flops_per_chip / (est * chip.peak_flops),

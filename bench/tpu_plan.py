@@ -83,7 +83,7 @@ def render(jsonl: str, out: str) -> None:
     if os.path.exists(jsonl):
         for line in open(jsonl):
             r = json.loads(line)
-            if "xla_bytes_accessed_per_chip" in r:  # compiled since the HBM traffic model
+            if "xla_temp" in r["bytes_per_chip"]:  # compiled since the total became the peak
                 done[r.get("row", r["config"])] = r
     g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
     lines = [
@@ -141,12 +141,14 @@ def render(jsonl: str, out: str) -> None:
               "row. A row that XLA refused (its temporaries exceed HBM) is a measured *does "
               "not fit*: the preset needs remat, micro-batches or more chips there "
               "(`t5lite compile --search` finds which).", "",
-              "Caveats: the memory figures are XLA's own. The roofline is an estimate: "
+              "Memory: the compiled program's peak per chip (`peak_memory_in_bytes`, the "
+              "figure libtpu's own HBM check compares; *temp* = the temporaries live at it). "
+              "XLA's `temp_size_in_bytes` (`xla_temp` in the JSON) is larger on scanned "
+              "steps; rows before session 16 added it to the arguments and are not shown.", "",
+              "Caveats: the roofline is an estimate: "
               "HBM bytes are the compiled HLO's top-level instructions' reads and writes "
               "outside VMEM (aot.hlo_costs), with no cache or overlap effects beyond the "
-              "per-instruction sum. Rows compiled before session 15 (JSON without "
-              "`roofline_seconds.ops`) used cost_analysis's bytes, which count VMEM operands "
-              "too, and XLA's collective matmuls; the table shows only rows compiled since."]
+              "per-instruction sum."]
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
 

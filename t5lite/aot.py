@@ -669,10 +669,31 @@ def trace_train_step(cfg, mesh, model, tx, differentiate_all: bool = False):
 
 
 def memory_total(mem) -> int:
-    """Per-chip bytes of a compiled program (its memory_analysis()): arguments + outputs not
-    aliased to (donated) arguments + temporaries."""
+    """Per-chip bytes a compiled program needs (its memory_analysis()): the backend's peak
+    (arguments, outputs and the temporaries live at once) where it reports one, as libtpu
+    does; else arguments + outputs not aliased to (donated) arguments + temporaries.
+
+    On TPU the peak is what the compiler's own HBM check compares (it refuses a program whose
+    peak exceeds the chip's HBM and compiles one whose arguments + temp_size_in_bytes exceed
+    it: tests/test_compile.py); temp_size_in_bytes is a larger figure than the temporaries
+    live at the peak, so the sum overstated every scanned step (bench/RESULTS.md)."""
+    peak = getattr(mem, "peak_memory_in_bytes", 0) or 0
+    if peak > 0:
+        return int(peak)
     return (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
             + mem.temp_size_in_bytes)
+
+
+def memory_bytes(mem) -> dict:
+    """bytes_per_chip's compiled part: arguments, outputs, aliased, temp (the temporaries
+    live at the peak: total - arguments - outputs not aliased), xla_temp (XLA's
+    temp_size_in_bytes), total (memory_total)."""
+    total = memory_total(mem)
+    live_io = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+               - mem.alias_size_in_bytes)
+    return {"arguments": mem.argument_size_in_bytes, "outputs": mem.output_size_in_bytes,
+            "aliased": mem.alias_size_in_bytes, "temp": max(total - live_io, 0),
+            "xla_temp": mem.temp_size_in_bytes, "total": total}
 
 
 def roofline_seconds(hlo: dict, chip: Chip) -> dict:
@@ -752,11 +773,7 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
         "grad_accum_steps": cfg.train.grad_accum_steps,
         "batch_size": cfg.data.batch_size,
         "tokens_per_step": _tokens(cfg),
-        "bytes_per_chip": {"params": params, "opt_state": opt,
-                           "arguments": mem.argument_size_in_bytes,
-                           "outputs": mem.output_size_in_bytes,
-                           "aliased": mem.alias_size_in_bytes,
-                           "temp": mem.temp_size_in_bytes, "total": total},
+        "bytes_per_chip": dict({"params": params, "opt_state": opt}, **memory_bytes(mem)),
         "analytic_bytes_per_chip": floor,
         "total_over_analytic": total / max(floor["total"], 1),
         "flops_per_chip": flops,
@@ -787,20 +804,23 @@ def _bound(times: dict, ops_hbm_bound: float) -> str:
 
 
 def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict:
-    """XLA refuses to compile a program whose temporaries exceed the chip's HBM: report it as
-    not fitting, with the sizes its message gives (no FLOPs or time: nothing was compiled)."""
+    """XLA refuses to compile a program whose peak exceeds the chip's HBM: report it as not
+    fitting, with the size its message gives ("the total memory required for HLO temporaries
+    (X)": X is the peak, arguments included, as memory_total reads it from a program that
+    compiles; no FLOPs or time: nothing was compiled)."""
     units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
     sizes = [float(n) * units[u] for n, u in re.findall(r"([\d.]+)([KMGT])i?B?\b", msg)]
     params, opt = _leaf_bytes(abstract.params), _leaf_bytes(abstract.opt_state)
-    temp = int(sizes[0]) if sizes else 0
-    total = params + opt + temp
+    total = max(int(sizes[0]) if sizes else 0, params + opt)
+    temp = total - params - opt
     return {"config": cfg.name, "topology": topo.name, "jax_topology": topo.jax_name,
             "chip": topo.chip.name, "chips": mesh.size, "mesh": dict(mesh.shape),
             "remat": cfg.model.remat, "grad_accum_steps": cfg.train.grad_accum_steps,
             "batch_size": cfg.data.batch_size, "tokens_per_step": _tokens(cfg),
             "compiled": False, "xla_error": msg.strip().splitlines()[0][:300],
             "bytes_per_chip": {"params": params, "opt_state": opt, "arguments": params + opt,
-                               "outputs": 0, "aliased": 0, "temp": temp, "total": total},
+                               "outputs": 0, "aliased": 0, "temp": temp, "xla_temp": None,
+                               "total": total},
             "flops_per_chip": None, "model_flops_per_chip": model_flops / mesh.size,
             "model_flops_with_remat_per_chip": None, "cost_analysis_flops_per_chip": None,
             "loop_scale": None, "bytes_accessed_per_chip": None,
@@ -862,10 +882,8 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
             "jax_topology": topo.jax_name, "chip": topo.chip.name, "chips": mesh.size,
             "mesh": dict(mesh.shape), "batch_size": b, "input_length": n_in,
             "fits": total <= hbm, "hbm_bytes_per_chip": hbm, "headroom_bytes": hbm - total,
-            "bytes_per_chip": {"params": _leaf_bytes(abstract.params),
-                               "arguments": mem.argument_size_in_bytes,
-                               "outputs": mem.output_size_in_bytes,
-                               "temp": mem.temp_size_in_bytes, "total": total},
+            "bytes_per_chip": dict({"params": _leaf_bytes(abstract.params)},
+                                   **memory_bytes(mem)),
             "flops_per_chip": float(hlo["matmul_flops"]),
             "cost_analysis_flops_per_chip": float(cost.get("flops", 0.0)),
             "collectives": hlo["collectives"],
@@ -968,8 +986,8 @@ def format_report(r: dict) -> str:
             f"{r['config']} on {r['topology']} ({r['jax_topology']}, {r['chips']} chips), mesh "
             f"{mesh}, remat={r['remat']}, grad_accum_steps={r['grad_accum_steps']}",
             f"DOES NOT FIT: XLA refused to compile it ({r['xla_error']})",
-            f"per chip: params {g(b['params'])} + opt state {g(b['opt_state'])}, temporaries "
-            f"{g(b['temp'])} (XLA's figure) of {g(r['hbm_bytes_per_chip'])} HBM. Try "
+            f"per chip: params {g(b['params'])} + opt state {g(b['opt_state'])}, total "
+            f"{g(b['total'])} (XLA's figure) of {g(r['hbm_bytes_per_chip'])} HBM. Try "
             "--search, or --set model.remat=full / train.grad_accum_steps=K / mesh.fsdp=-1."])
     lines = [
         f"{r['config']} on {r['topology']} ({r['jax_topology']}, {r['chips']} chips), mesh "
