@@ -40,6 +40,10 @@ ROWS = {
     # XL fits v5p-64 without remat (95 GiB chips): no recompute
     "t5_1_1_xl@remat_none": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256",
                                         "model.remat=none"]),
+    # XXL with 4-way tensor parallelism (heads, MLP) under fsdp=32, as t5x trains XXL with
+    # model parallelism: a quarter of each layer's weights gathered per chip
+    "t5_1_1_xxl@tensor4": ("v5p-256", ["mesh.data=1", "mesh.fsdp=32", "mesh.tensor=4",
+                                       "data.batch_size=256"]),
     # the setting of ../shared/TPU_ANCHOR.md (t5x vs t5lite): 8 chips, fsdp=8, layers unrolled
     "t5_1_1_base@anchor": ("v5p:2x2x2", ["mesh.data=1", "mesh.fsdp=-1",
                                          "model.scan_layers=false"]),

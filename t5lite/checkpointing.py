@@ -394,6 +394,8 @@ def merge_params(target, source, announce=print):
     missing = sorted(set(flat_t) - set(flat_s))
     extra = sorted(set(flat_s) - set(flat_t))
     for k in set(flat_t) & set(flat_s):
+        if joined_shapes(tuple(flat_s[k].shape), tuple(flat_t[k].shape)):
+            continue  # a kernel saved [in..., out...] loaded [fan_in, fan_out] or back
         if tuple(flat_t[k].shape) != tuple(flat_s[k].shape):
             raise UserError(
                 f"init_from: parameter {k} has shape {tuple(flat_s[k].shape)} in the checkpoint "
@@ -410,6 +412,23 @@ def merge_params(target, source, announce=print):
         s = flat_s.get(jax.tree_util.keystr(path))
         if s is None:
             return t
-        return jax.device_put(np.asarray(s).astype(t.dtype), t.sharding)
+        return jax.device_put(np.asarray(s).astype(t.dtype).reshape(t.shape), t.sharding)
 
     return jax.tree_util.tree_map_with_path(pick, target)
+
+
+def joined_shapes(a: tuple, b: tuple) -> bool:
+    """Whether one shape is the other with runs of adjacent dims joined (each dim of the
+    coarser is the product of consecutive dims of the finer, in order): then a row-major
+    reshape maps each element to its place, as between a kernel stored [D, H, K]
+    (model.flat_kernels=false) and [D, H*K]. Equal shapes count; [D, F] vs [F, D] does not."""
+    def refines(fine, coarse):
+        it = iter(fine)
+        for d in coarse:
+            n = 1
+            while n < d:
+                n *= next(it, 0) or d + 1  # exhausted: overshoot
+            if n != d:
+                return False
+        return all(x == 1 for x in it)
+    return refines(a, b) or refines(b, a)

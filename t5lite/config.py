@@ -113,6 +113,16 @@ class ModelConfig:
     mlm_predict_fraction: float = 0.0
     dropout_rate: float = 0.1
     dtype: str = "float32"  # compute dtype; params are always float32
+    # Multi-axis projection kernels (attention query / key / value [D, H, K], out [H, K, D])
+    # stored as [fan_in, fan_out] matrices and reshaped in the layer, as the T5 paper's Mesh
+    # TensorFlow (attention combine_dims=True) and t5x store them. Adafactor then factors
+    # their second moments over (fan_in, fan_out) as both do; as [D, H, K] they stayed
+    # unfactored (second-largest dim K = 64 < min_dim_size_to_factor 128). And TPU tiles an
+    # array's two minor dims by (8, 128): an fsdp-sharded [D/n, H, K] kernel with no dim of
+    # 128 pads (T5 v1.1 XL on v5p-64: 2.34 -> 1.79 GiB a chip, bench/RESULTS.md). false = the
+    # layout of configs saved before the field existed (LEGACY_VALUES): their checkpoints
+    # still restore.
+    flat_kernels: bool = True
     scan_layers: bool = True
     # With scan_layers: layers per iteration of the compiled loop (lax.scan's unroll). 1 = one
     # loop body (fastest compile); k > 1 unrolls k layers per iteration; 0 = the whole stack.
@@ -604,15 +614,25 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
+# Fields whose value for a config saved before they existed is not today's default (what
+# that config trained with): from_dict and workdir.config_diff read a missing key as this.
+LEGACY_VALUES = {"model.flat_kernels": False}
+
+
 def from_dict(d: dict) -> Config:
     """Inverse of to_dict (used to reload the config saved next to a checkpoint)."""
     cfg = Config()
+    seen = set()
     for section, values in d.items():
         if section == "name":
             cfg.name = values
             continue
         for k, v in flatten(values).items():
             set_by_path(cfg, f"{section}.{k}", tuple(v) if isinstance(v, list) else v)
+            seen.add(f"{section}.{k}")
+    for key, value in LEGACY_VALUES.items():
+        if key not in seen:
+            set_by_path(cfg, key, value)
     return cfg
 
 

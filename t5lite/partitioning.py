@@ -158,8 +158,12 @@ def check_batch(mesh, global_batch: int, grad_accum_steps: int = 1) -> None:
                         f"{jax.process_count()} processes")
 
 
-def check_divisible(abstract_params, logical_specs, mesh, rules=LOGICAL_RULES) -> None:
-    """Each sharded parameter dimension must divide by its mesh axes' size."""
+def check_divisible(abstract_params, logical_specs, mesh, rules=LOGICAL_RULES,
+                    sizes=None) -> None:
+    """Each sharded parameter dimension must divide by its mesh axes' size. ``sizes``
+    {logical name: size} checks that size instead of the dim's (a flat kernel's joined
+    heads x head_dim dim is named "heads": the heads must divide, as the activations split
+    them)."""
     mesh_specs = nn.logical_to_mesh(logical_specs, rules)
     flat_a = jax.tree_util.tree_leaves_with_path(abstract_params)
     flat_m = jax.tree.leaves(mesh_specs, is_leaf=lambda x: isinstance(x, P))
@@ -170,8 +174,9 @@ def check_divisible(abstract_params, logical_specs, mesh, rules=LOGICAL_RULES) -
                 continue
             axes = (axes,) if isinstance(axes, str) else tuple(axes)
             n = math.prod(mesh.shape[a] for a in axes)
+            name = lspec[dim]
+            size = (sizes or {}).get(name, size)
             if size % n:
-                name = lspec[dim]
                 hint = {"heads": "model.num_heads", "mlp": "model.d_ff",
                         "vocab": "model.vocab_size", "embed": "model.d_model"}.get(name, name)
                 raise UserError(

@@ -62,7 +62,8 @@ def abstract_train_state(cfg, model, mesh, tx):
     logical = jax.tree.map(lambda s: s if s is not None else P(), nn.get_partition_spec(boxed),
                            is_leaf=lambda x: x is None or isinstance(x, P))
     params = nn.meta.unbox(boxed)
-    partitioning.check_divisible(params, logical, mesh)
+    partitioning.check_divisible(params, logical, mesh,
+                                 sizes={"heads": cfg.model.num_heads})
     param_sh = partitioning.logical_sharding(logical, mesh)
     opt = jax.eval_shape(tx.init, params)
     opt_logical = partitioning.opt_state_specs(opt, params, logical)

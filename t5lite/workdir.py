@@ -276,10 +276,11 @@ def _matches(key: str, patterns) -> bool:
 
 def config_diff(old: dict, new: dict) -> dict:
     """{key: (old, new)} over the flattened configs, placement keys left out. A key missing
-    from the old config (a field added since) counts as its default."""
+    from the old config (a field added since) counts as its default, or as the value configs
+    saved before it had (config.LEGACY_VALUES)."""
     default = json.loads(json.dumps(config_lib.to_dict(config_lib.Config())))
     flat_old, flat_new = config_lib.flatten(old), config_lib.flatten(new)
-    flat_def = config_lib.flatten(default)
+    flat_def = dict(config_lib.flatten(default), **config_lib.LEGACY_VALUES)
     out = {}
     for key in sorted(flat_new):
         if _matches(key, PLACEMENT_KEYS):

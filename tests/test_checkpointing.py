@@ -147,6 +147,18 @@ def test_load_params_and_init_from(reference, tmp_path):
     bad = jax.tree.map(lambda x: np.zeros((x.shape[0] + 1,) + x.shape[1:], x.dtype), last)
     with pytest.raises(UserError, match="init_from: parameter .* has shape"):
         checkpointing.merge_params(state.params, bad)
+    # a same-size kernel that is not a join of the other's dims (a transpose) is refused
+    swap = jax.tree.map(lambda x: np.zeros(x.shape[::-1], x.dtype), last)
+    with pytest.raises(UserError, match="init_from: parameter .* has shape"):
+        checkpointing.merge_params(state.params, swap)
+
+
+@pytest.mark.parametrize("a, b, joined", [
+    ((24, 2048, 32, 64), (24, 2048, 2048), True), ((32, 64, 2048), (2048, 2048), True),
+    ((4, 1, 6), (4, 6), True), ((2, 3, 4), (2, 3, 4), True), ((4, 6), (6, 4), False),
+    ((5, 7), (7, 5), False), ((2, 12), (6, 4), False), ((2, 3), (2, 3, 5), False)])
+def test_joined_shapes(a, b, joined):
+    assert checkpointing.joined_shapes(a, b) == joined == checkpointing.joined_shapes(b, a)
 
 
 CLI_OVERRIDES = [

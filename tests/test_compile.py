@@ -313,6 +313,20 @@ def test_t5_fsdp_on_v5e():
     assert r["collective_bytes_per_chip"] > 0
 
 
+def test_flat_kernels_are_not_padded_on_tpu():
+    """TPU tiles an array's two minor dims by (8, 128): an fsdp-sharded [D/4, H, K] attention
+    kernel of T5 tiny (32, 4, 32) has none as wide as 128 and pads; stored [D/4, H*K]
+    (model.flat_kernels, the default) it does not: the arguments are the logical bytes."""
+    sets = ("mesh.data=1", "mesh.fsdp=-1")
+    flat = compiled("t5_1_1_tiny", "v5litepod-4", *sets)["bytes_per_chip"]
+    old = compiled("t5_1_1_tiny", "v5litepod-4", *sets, "model.flat_kernels=false")
+    old = old["bytes_per_chip"]
+    assert flat["params"] == old["params"]
+    assert flat["arguments"] - flat["params"] - flat["opt_state"] < 0.02 * flat["params"]
+    assert old["arguments"] - old["params"] - old["opt_state"] > 0.5 * old["params"]
+    assert flat["total"] < old["total"]
+
+
 def test_bert_data_parallel_on_v4_megacore():
     r = compiled("bert_tiny", "v4-8")
     _check_common(r, "bert_tiny", 4)  # v4-8 = 4 chips (8 TensorCores, megacore)

@@ -1,6 +1,8 @@
 """Config loading and overrides: unknown keys with suggestions, bad values, bad meshes, and the
 training configs built on the model configs."""
 
+import json
+
 import pytest
 
 from t5lite import cli, partitioning
@@ -101,3 +103,20 @@ def test_cli_imports_tensorflow_without_its_load_time_log_lines(tmp_path):
     assert "corpus_span_corruption" in proc.stdout
     assert "oneDNN custom operations" not in proc.stderr
     assert "cudart_stub" not in proc.stderr
+
+
+def test_configs_saved_before_a_field_keep_the_value_they_trained_with():
+    """config.json written before model.flat_kernels existed trained with [D, H, K] kernels:
+    reloading it (resume, load_params) must build that layout, and resuming it under a
+    config that says otherwise is a named difference, not a shape error at restore."""
+    from t5lite import workdir
+    new = json.loads(json.dumps(config_lib.to_dict(config_lib.load_config("t5_1_1_tiny"))))
+    assert new["model"]["flat_kernels"] is True
+    old = json.loads(json.dumps(new))
+    del old["model"]["flat_kernels"]
+    assert config_lib.from_dict(old).model.flat_kernels is False
+    assert config_lib.from_dict(new).model.flat_kernels is True
+    assert workdir.config_diff(old, new) == {"model.flat_kernels": (False, True)}
+    legacy = json.loads(json.dumps(new))
+    legacy["model"]["flat_kernels"] = False
+    assert workdir.config_diff(old, legacy) == {}

@@ -121,10 +121,11 @@ def test_t5_tensor_mapping_details(hf_models):
     hf_cfg, t = convert.read_hf_dir(hf_models["t5_v1_1"][0])
     cfg, p = convert.hf_to_t5lite(hf_models["t5_v1_1"][0], scan_layers=False)
     h, k, d = hf_cfg["num_heads"], hf_cfg["d_kv"], hf_cfg["d_model"]
-    q = p["decoder"]["layers_2"]["encoder_decoder_attention"]["query"]["kernel"]
+    # stored [fan_in, fan_out] (model.flat_kernels); the layer reshapes to [D, H, K] / [H, K, D]
+    q = p["decoder"]["layers_2"]["encoder_decoder_attention"]["query"]["kernel"].reshape(d, h, k)
     np.testing.assert_array_equal(
         q, t["decoder.block.2.layer.1.EncDecAttention.q.weight"].T.reshape(d, h, k))
-    o = p["encoder"]["layers_1"]["attention"]["out"]["kernel"]
+    o = p["encoder"]["layers_1"]["attention"]["out"]["kernel"].reshape(h, k, d)
     np.testing.assert_array_equal(
         o[1, 3], t["encoder.block.1.layer.0.SelfAttention.o.weight"][:, 1 * k + 3])
     np.testing.assert_array_equal(

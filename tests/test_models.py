@@ -292,6 +292,25 @@ def test_scan_equals_unrolled():
                                scan_fwd(stacked, batch)["logits"], atol=ATOL)
 
 
+def test_flat_kernels_are_the_same_layer():
+    """model.flat_kernels stores attention kernels [fan_in, fan_out]; the old [D, H, K] /
+    [H, K, D] params reshaped into them give the same outputs (checkpoint merge does it)."""
+    from t5lite import checkpointing
+    flat_cfg, _, flat_params, flat_fwd = shared("t5")
+    old_cfg = tiny(**{**MODELS["t5"], "flat_kernels": False})
+    batch = random_batch(old_cfg)
+    _, old = init(old_cfg, batch, seed=3)
+    q_old = old["encoder"]["layers"]["attention"]["query"]["kernel"]
+    q_new = flat_params["encoder"]["layers"]["attention"]["query"]["kernel"]
+    assert q_old.shape == (2, 32, 4, 8) and q_new.shape == (2, 32, 32)
+    o_new = flat_params["decoder"]["layers"]["encoder_decoder_attention"]["out"]["kernel"]
+    assert o_new.shape == (2, 32, 32)
+    moved = checkpointing.merge_params(flat_params, old, announce=lambda *_: None)
+    assert jax.tree.map(jnp.shape, moved) == jax.tree.map(jnp.shape, flat_params)
+    np.testing.assert_allclose(flat_fwd(moved, batch)["logits"],
+                               forward(build_model(old_cfg))(old, batch)["logits"], atol=ATOL)
+
+
 @pytest.mark.parametrize("unroll", [0, 2])
 def test_scan_unroll_equals_loop(unroll):
     """model.scan_unroll keeps the stacked parameter tree, logits and gradients."""

@@ -100,3 +100,20 @@ def test_weight_decay_only_on_matrices_and_frozen_params_do_not_move():
 def test_unknown_optimizer_is_a_user_error():
     with pytest.raises(UserError, match="adafactor, adamw or adamw_rms_scaled"):
         optim.make_optimizer(ocfg(name="sgd"), 10)
+
+
+def test_adafactor_factors_attention_kernels_as_mesh_tensorflow():
+    """The T5 paper's Mesh TensorFlow stores a query kernel [d_model, heads * d_kv] and
+    factors its second moments; as [d_model, heads, d_kv] optax would keep them whole (the
+    second-largest dim, d_kv = 64, is under min_dim_size_to_factor = 128)."""
+    from flax import linen as nn
+
+    from t5lite.models import abstract_params
+    cfg = config_lib.load_config("t5_1_1_small")
+    tx = optim.make_optimizer(cfg.optim, 10)
+    for flat, factored in ((True, True), (False, False)):
+        cfg.model.flat_kernels = flat
+        params = nn.meta.unbox(abstract_params(cfg.model))
+        state = jax.eval_shape(tx.init, params)
+        v = state[0].v["encoder"]["layers"]["attention"]["query"]["kernel"]
+        assert (v.shape == (1,)) == factored, (flat, v.shape)

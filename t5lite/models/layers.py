@@ -130,10 +130,14 @@ dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
 class DenseGeneral(nn.Module):
     """y = x . W (+ b) contracting the trailing ``len(in_axes)`` dims of x into ``features``.
 
-    The kernel is initialised as a 2-D (fan_in, fan_out) matrix then reshaped, so fan-in is
-    the product of the contracted dims (as in T5X). ``lora_rank`` > 0 adds the layer's optional
-    low-rank update (alpha / r) (x A) B (Hu et al., 2021) with params ``lora_a`` [in..., r]
-    (fan-in init) and ``lora_b`` [r, out...] (zeros, so the layer starts as the plain one).
+    The kernel is initialised as a 2-D (fan_in, fan_out) matrix, so fan-in is the product of
+    the contracted dims (as in T5X), and with ``flat_kernel`` (model.flat_kernels) also stored
+    so, reshaped to [in..., out...] in the layer; its two logical axes are the first named
+    axis of each group (the major one: sharding it shards the joined dim the same way).
+    Without it the param has the [in..., out...] shape. ``lora_rank`` > 0 adds the layer's
+    optional low-rank update (alpha / r) (x A) B (Hu et al., 2021) with params ``lora_a``
+    [in..., r] (fan-in init) and ``lora_b`` [r, out...] (zeros, so the layer starts as the
+    plain one), [fan_in, r] and [r, fan_out] with ``flat_kernel``.
     """
 
     features: Sequence[int]
@@ -144,19 +148,22 @@ class DenseGeneral(nn.Module):
     init: Callable = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
     lora_rank: int = 0
     lora_alpha: float = 0.0
+    flat_kernel: bool = True
 
     @nn.compact
     def __call__(self, x):
         features = tuple(self.features)
         in_shape = x.shape[-self.n_in:]
         shape = in_shape + features
+        flat = (int(np.prod(in_shape)), int(np.prod(features)))
 
         def init_fn(key, shape, dtype=jnp.float32):
-            flat = (int(np.prod(in_shape)), int(np.prod(features)))
             return self.init(key, flat, dtype).reshape(shape)
 
-        kernel = self.param("kernel", nn.with_logical_partitioning(init_fn, self.kernel_axes),
-                            shape, jnp.float32)
+        stored, axes = (flat, self._flat_axes()) if self.flat_kernel else (shape,
+                                                                            self.kernel_axes)
+        kernel = self.param("kernel", nn.with_logical_partitioning(init_fn, axes), stored,
+                            jnp.float32).reshape(shape)
         x = x.astype(self.dtype)
         y = dot(x, kernel.astype(self.dtype), self.n_in)
         if self.use_bias:
@@ -167,18 +174,31 @@ class DenseGeneral(nn.Module):
             y = y + self._low_rank(x, in_shape, features)
         return y
 
+    def _flat_axes(self):
+        axes = tuple(self.kernel_axes)
+        first = lambda group: next((a for a in group if a is not None), None)  # noqa: E731
+        return (first(axes[:self.n_in]), first(axes[self.n_in:]))
+
     def _low_rank(self, x, in_shape, features):
-        rank, axes = self.lora_rank, tuple(self.kernel_axes)
+        rank = self.lora_rank
+        if self.flat_kernel:
+            axes = self._flat_axes()
+            a_shape, b_shape = (int(np.prod(in_shape)), rank), (rank, int(np.prod(features)))
+        else:
+            axes = tuple(self.kernel_axes)
+            a_shape, b_shape = in_shape + (rank,), (rank,) + features
+        n_in = len(a_shape) - 1
 
         def a_init(key, shape, dtype=jnp.float32):
             flat = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
                 key, (int(np.prod(in_shape)), rank), dtype)
             return flat.reshape(shape)
 
-        a = self.param("lora_a", nn.with_logical_partitioning(a_init, axes[:self.n_in] + (None,)),
-                       in_shape + (rank,), jnp.float32)
+        a = self.param("lora_a", nn.with_logical_partitioning(a_init, axes[:n_in] + (None,)),
+                       a_shape, jnp.float32).reshape(in_shape + (rank,))
         b = self.param("lora_b", nn.with_logical_partitioning(
-            nn.initializers.zeros, (None,) + axes[self.n_in:]), (rank,) + features, jnp.float32)
+            nn.initializers.zeros, (None,) + axes[n_in:]), b_shape,
+            jnp.float32).reshape((rank,) + features)
         contract = tuple(range(x.ndim - self.n_in, x.ndim))
         h = jax.lax.dot_general(x, a.astype(self.dtype),
                                 ((contract, tuple(range(self.n_in))), ((), ())))
@@ -422,7 +442,8 @@ class MultiHeadAttention(nn.Module):
         t5_query_scale = 1.0 if (cfg.scale_attn_logits or cfg.init_std > 0) else k ** -0.5
         proj = functools.partial(DenseGeneral, features=(h, k),
                                  kernel_axes=("embed", "heads", "kv"), use_bias=cfg.use_bias,
-                                 dtype=dtype, init=kernel_init(cfg))
+                                 dtype=dtype, init=kernel_init(cfg),
+                                 flat_kernel=cfg.flat_kernels)
         q_BTHK = proj(name="query", init=kernel_init(cfg, t5_query_scale),
                       **self.dense_kwargs("query"))(x_BTD)
         k_BSHK = proj(name="key", **self.dense_kwargs("key"))(kv_BSD)
@@ -446,7 +467,7 @@ class MultiHeadAttention(nn.Module):
         out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
         out_BTD = DenseGeneral(features=(cfg.d_model,), kernel_axes=("heads", "kv", "embed"),
                                n_in=2, use_bias=cfg.use_bias, dtype=dtype,
-                               init=kernel_init(cfg), name="out",
+                               init=kernel_init(cfg), name="out", flat_kernel=cfg.flat_kernels,
                                **self.dense_kwargs("out"))(out_BTHK)
         out_BTD = checkpoint_name(out_BTD, "out_proj")
         return constrain(out_BTD, ("batch", "length", "embed"))
