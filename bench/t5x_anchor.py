@@ -190,7 +190,7 @@ def main():
                 flush=True)
         if network is not None:
             jitted, t5x_mesh, (state, batch) = t5x_step(
-                network, devices, partitioning.compiler_options(cfg.mesh, mesh))
+                network, devices, partitioning.compiler_options(cfg, mesh))
             t0 = time.time()
             with jax.set_mesh(t5x_mesh):
                 compiled = jitted.lower(state, batch).compile()
