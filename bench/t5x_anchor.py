@@ -182,7 +182,8 @@ def main():
             b = r["bytes_per_chip"]
             print(json.dumps({
                 "side": "t5lite", "collective_matmul": mode, "arguments_gib": b["arguments"] / GiB,
-                "temp_gib": b["temp"] / GiB, "total_gib": b["total"] / GiB,
+                "temp_gib": b["temp"] / GiB, "xla_temp_gib": b["xla_temp"] / GiB,
+                "total_gib": b["total"] / GiB,
                 "flops_per_chip": r["flops_per_chip"],
                 "hbm_bytes_per_chip": r["bytes_accessed_per_chip"],
                 "roofline_ms": {k: round(v * 1e3, 2) for k, v in r["roofline_seconds"].items()},
