@@ -93,11 +93,21 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-    """A (data, fsdp, tensor) mesh with Auto axis types (GSPMD propagation for linen code)."""
+    """A (data, fsdp, tensor) mesh with Auto axis types (GSPMD propagation for linen code).
+
+    Devices are laid out along the slice's physical torus where the axis sizes are products
+    of its physical dims (jax.make_mesh); where one is not (tensor=2 on v5p-256's 4x4x8), a
+    physical dim is split between mesh axes (MaxText's allow_split_physical_axes) rather than
+    refusing a mesh of the right size."""
     devices = list(devices) if devices is not None else jax.devices()
     shape = mesh_shape(mesh_cfg, len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
-                         devices=devices)
+    types = (jax.sharding.AxisType.Auto,) * 3
+    try:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=types, devices=devices)
+    except NotImplementedError:  # "Failed to find assignment ... allow_split_physical_axes"
+        from jax.experimental import mesh_utils
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        return jax.sharding.Mesh(grid, MESH_AXES, axis_types=types)
 
 
 @contextlib.contextmanager

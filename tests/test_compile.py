@@ -327,6 +327,19 @@ def test_flat_kernels_are_not_padded_on_tpu():
     assert flat["total"] < old["total"]
 
 
+def test_a_mesh_axis_that_splits_a_physical_dim_still_makes_a_mesh():
+    """v5p-128 is a 4x4x4 torus: tensor=2 is no product of its dims (jax.make_mesh refuses
+    it); the mesh splits a physical dim instead, every chip once."""
+    from t5lite import partitioning
+    from t5lite.config import MeshConfig
+    devices = aot.abstract_devices(aot.parse_topology("v5p-128"))
+    mesh = partitioning.make_mesh(MeshConfig(data=1, fsdp=32, tensor=2), devices)
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 32, "tensor": 2}
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+    torus = partitioning.make_mesh(MeshConfig(data=1, fsdp=16, tensor=4), devices)
+    assert dict(torus.shape) == {"data": 1, "fsdp": 16, "tensor": 4}
+
+
 def test_bert_data_parallel_on_v4_megacore():
     r = compiled("bert_tiny", "v4-8")
     _check_common(r, "bert_tiny", 4)  # v4-8 = 4 chips (8 TensorCores, megacore)
