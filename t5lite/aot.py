@@ -678,10 +678,12 @@ def memory_total(mem) -> int:
     it: tests/test_compile.py); temp_size_in_bytes is a larger figure than the temporaries
     live at the peak, so the sum overstated every scanned step (bench/RESULTS.md)."""
     peak = getattr(mem, "peak_memory_in_bytes", 0) or 0
-    if peak > 0:
-        return int(peak)
-    return (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-            + mem.temp_size_in_bytes)
+    return int(peak) if peak > 0 else _io_bytes(mem) + mem.temp_size_in_bytes
+
+
+def _io_bytes(mem) -> int:
+    """Arguments + outputs not aliased to (donated) arguments."""
+    return mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
 
 
 def memory_bytes(mem) -> dict:
@@ -689,8 +691,7 @@ def memory_bytes(mem) -> dict:
     live at the peak: total - arguments - outputs not aliased), xla_temp (XLA's
     temp_size_in_bytes), total (memory_total)."""
     total = memory_total(mem)
-    live_io = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-               - mem.alias_size_in_bytes)
+    live_io = _io_bytes(mem)
     return {"arguments": mem.argument_size_in_bytes, "outputs": mem.output_size_in_bytes,
             "aliased": mem.alias_size_in_bytes, "temp": max(total - live_io, 0),
             "xla_temp": mem.temp_size_in_bytes, "total": total}
@@ -756,7 +757,8 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     coll_bytes = sum(c["bytes"] for c in coll.values())
     params = _leaf_bytes(abstract.params)
     opt = _leaf_bytes(abstract.opt_state)
-    total = memory_total(mem)
+    mem_bytes = memory_bytes(mem)
+    total = mem_bytes["total"]
     times = roofline_seconds(hlo, chip)
     est = max(times.values())
     model_per_chip = model_flops / chips
@@ -773,7 +775,7 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
         "grad_accum_steps": cfg.train.grad_accum_steps,
         "batch_size": cfg.data.batch_size,
         "tokens_per_step": _tokens(cfg),
-        "bytes_per_chip": dict({"params": params, "opt_state": opt}, **memory_bytes(mem)),
+        "bytes_per_chip": dict({"params": params, "opt_state": opt}, **mem_bytes),
         "analytic_bytes_per_chip": floor,
         "total_over_analytic": total / max(floor["total"], 1),
         "flops_per_chip": flops,
@@ -874,7 +876,8 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list) else cost
-    total = memory_total(mem)
+    mem_bytes = memory_bytes(mem)
+    total = mem_bytes["total"]
     hbm = hbm_bytes or topo.chip.hbm_bytes
     hlo = hlo_costs(compiled.as_text())
     return {"config": cfg.name, "program": "decode", "method": cfg.decode.method,
@@ -882,8 +885,7 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
             "jax_topology": topo.jax_name, "chip": topo.chip.name, "chips": mesh.size,
             "mesh": dict(mesh.shape), "batch_size": b, "input_length": n_in,
             "fits": total <= hbm, "hbm_bytes_per_chip": hbm, "headroom_bytes": hbm - total,
-            "bytes_per_chip": dict({"params": _leaf_bytes(abstract.params)},
-                                   **memory_bytes(mem)),
+            "bytes_per_chip": dict({"params": _leaf_bytes(abstract.params)}, **mem_bytes),
             "flops_per_chip": float(hlo["matmul_flops"]),
             "cost_analysis_flops_per_chip": float(cost.get("flops", 0.0)),
             "collectives": hlo["collectives"],

@@ -394,9 +394,8 @@ def merge_params(target, source, announce=print):
     missing = sorted(set(flat_t) - set(flat_s))
     extra = sorted(set(flat_s) - set(flat_t))
     for k in set(flat_t) & set(flat_s):
-        if joined_shapes(tuple(flat_s[k].shape), tuple(flat_t[k].shape)):
-            continue  # a kernel saved [in..., out...] loaded [fan_in, fan_out] or back
-        if tuple(flat_t[k].shape) != tuple(flat_s[k].shape):
+        # equal shapes, or a kernel saved [in..., out...] loaded [fan_in, fan_out] or back
+        if not joined_shapes(tuple(flat_s[k].shape), tuple(flat_t[k].shape)):
             raise UserError(
                 f"init_from: parameter {k} has shape {tuple(flat_s[k].shape)} in the checkpoint "
                 f"but {tuple(flat_t[k].shape)} in this model; make the model config match the "

@@ -160,10 +160,9 @@ class DenseGeneral(nn.Module):
         def init_fn(key, shape, dtype=jnp.float32):
             return self.init(key, flat, dtype).reshape(shape)
 
-        stored, axes = (flat, self._flat_axes()) if self.flat_kernel else (shape,
-                                                                            self.kernel_axes)
-        kernel = self.param("kernel", nn.with_logical_partitioning(init_fn, axes), stored,
-                            jnp.float32).reshape(shape)
+        (in_dims, in_axes), (out_dims, out_axes) = self._stored(in_shape, features)
+        kernel = self.param("kernel", nn.with_logical_partitioning(init_fn, in_axes + out_axes),
+                            in_dims + out_dims, jnp.float32).reshape(shape)
         x = x.astype(self.dtype)
         y = dot(x, kernel.astype(self.dtype), self.n_in)
         if self.use_bias:
@@ -174,30 +173,30 @@ class DenseGeneral(nn.Module):
             y = y + self._low_rank(x, in_shape, features)
         return y
 
-    def _flat_axes(self):
+    def _stored(self, in_shape, features):
+        """How the params store the contracted and the feature dims: ((dims, logical axes) of
+        the input side, (dims, axes) of the output side); with flat_kernel each side is one
+        dim named by its first named axis (the major one)."""
         axes = tuple(self.kernel_axes)
-        first = lambda group: next((a for a in group if a is not None), None)  # noqa: E731
-        return (first(axes[:self.n_in]), first(axes[self.n_in:]))
+        sides = ((tuple(in_shape), axes[:self.n_in]), (tuple(features), axes[self.n_in:]))
+        if not self.flat_kernel:
+            return sides
+        return tuple(((int(np.prod(dims)),), (next((a for a in names if a is not None), None),))
+                     for dims, names in sides)
 
     def _low_rank(self, x, in_shape, features):
         rank = self.lora_rank
-        if self.flat_kernel:
-            axes = self._flat_axes()
-            a_shape, b_shape = (int(np.prod(in_shape)), rank), (rank, int(np.prod(features)))
-        else:
-            axes = tuple(self.kernel_axes)
-            a_shape, b_shape = in_shape + (rank,), (rank,) + features
-        n_in = len(a_shape) - 1
+        (in_dims, in_axes), (out_dims, out_axes) = self._stored(in_shape, features)
 
         def a_init(key, shape, dtype=jnp.float32):
             flat = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")(
                 key, (int(np.prod(in_shape)), rank), dtype)
             return flat.reshape(shape)
 
-        a = self.param("lora_a", nn.with_logical_partitioning(a_init, axes[:n_in] + (None,)),
-                       a_shape, jnp.float32).reshape(in_shape + (rank,))
+        a = self.param("lora_a", nn.with_logical_partitioning(a_init, in_axes + (None,)),
+                       in_dims + (rank,), jnp.float32).reshape(in_shape + (rank,))
         b = self.param("lora_b", nn.with_logical_partitioning(
-            nn.initializers.zeros, (None,) + axes[n_in:]), b_shape,
+            nn.initializers.zeros, (None,) + out_axes), (rank,) + out_dims,
             jnp.float32).reshape((rank,) + features)
         contract = tuple(range(x.ndim - self.n_in, x.ndim))
         h = jax.lax.dot_general(x, a.astype(self.dtype),
