@@ -9,6 +9,7 @@ make_eval_step.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from typing import Any, Callable, Iterator
@@ -48,6 +49,16 @@ def _init_rngs(cfg):
     return {"params": jax.random.fold_in(key, 0), "dropout": jax.random.fold_in(key, 1)}
 
 
+def _heads(mcfg) -> int:
+    """A head count every attention of the model's divides into whole (the gcd: a mesh size
+    divides it iff it divides each): the model's, and ELECTRA's generator's when it has one.
+    A flat kernel joins heads x head_dim into its "heads" dim, so the check needs this."""
+    if not mcfg.electra.generator_d_model:
+        return mcfg.num_heads
+    from t5lite.models import electra
+    return math.gcd(mcfg.num_heads, electra.generator_config(mcfg).num_heads)
+
+
 def abstract_train_state(cfg, model, mesh, tx):
     """-> (abstract TrainState with shardings, TrainState of NamedShardings, param logical specs).
 
@@ -62,8 +73,7 @@ def abstract_train_state(cfg, model, mesh, tx):
     logical = jax.tree.map(lambda s: s if s is not None else P(), nn.get_partition_spec(boxed),
                            is_leaf=lambda x: x is None or isinstance(x, P))
     params = nn.meta.unbox(boxed)
-    partitioning.check_divisible(params, logical, mesh,
-                                 sizes={"heads": cfg.model.num_heads})
+    partitioning.check_divisible(params, logical, mesh, sizes={"heads": _heads(cfg.model)})
     param_sh = partitioning.logical_sharding(logical, mesh)
     opt = jax.eval_shape(tx.init, params)
     opt_logical = partitioning.opt_state_specs(opt, params, logical)

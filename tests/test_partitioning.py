@@ -64,6 +64,19 @@ def test_batch_and_dims_that_do_not_divide_the_mesh_are_user_errors():
         trainer.abstract_train_state(cfg, build_model(cfg.model), mesh, tx)
 
 
+def test_every_attention_s_heads_must_divide_the_tensor_axis():
+    """A flat kernel joins heads x head_dim; ELECTRA tiny's generator has 1 head of 32 (its
+    kernels' joined dim, 32, divides by 4): tensor=4 cannot split that head, as with the
+    [D, H, K] layout."""
+    cfg = config_lib.load_config("electra_tiny")
+    assert cfg.model.flat_kernels and cfg.model.num_heads % 4 == 0
+    cfg.mesh = mesh_cfg(1, 2, 4)
+    mesh = partitioning.make_mesh(cfg.mesh)
+    tx = optim.make_optimizer(cfg.optim, 10)
+    with pytest.raises(UserError, match=r"'heads' .* model.num_heads a multiple of 4"):
+        trainer.abstract_train_state(cfg, build_model(cfg.model), mesh, tx)
+
+
 def test_adafactor_state_follows_params_or_is_replicated():
     cfg = tiny_config(optim="adafactor")
     cfg.model.d_model, cfg.model.d_ff, cfg.model.vocab_size = 128, 256, 256
