@@ -43,5 +43,5 @@ setup(
             "transformers>=5.0",
         ],
     },
-    entry_points={"console_scripts": ["t5lite=t5lite.cli:main"]},
+    entry_points={"console_scripts": ["t5lite=t5lite.cli.main:main"]},
 )

@@ -5,7 +5,7 @@
 1. seqio pipeline (t5lite.tasks.pipeline.get_dataset: read, tokenize, span corruption, pack,
    batch) for the config's task / feature lengths / batch size: tokens per second (non-padding
    encoder inputs + decoder targets, as the trainer counts them), after a warm-up.
-2. The jitted train step (t5lite.trainer.make_train_step: forward + backward + optimizer) on
+2. The jitted train step (t5lite.train.trainer.make_train_step: forward + backward + optimizer) on
    batches from that pipeline: tokens per second it consumes.
 The ratio (1 / 2) says how far the pipeline is ahead of training (goal >= 5x). The two are
 measured one after the other, each with the whole machine; in training they share it.  glibc's
@@ -49,8 +49,8 @@ def bench_pipeline(cfg, num_batches: int):
 
 
 def bench_train_step(cfg, batches, num_steps: int):
-    from t5lite import optim, partitioning, trainer
     from t5lite.models import build_model
+    from t5lite.train import optim, partitioning, trainer
     mesh = partitioning.make_mesh(cfg.mesh)
     model = build_model(cfg.model)
     tx = optim.make_optimizer(cfg.optim, cfg.train.steps)

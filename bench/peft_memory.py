@@ -17,8 +17,9 @@ import dataclasses
 import jax
 
 from t5lite import config as config_lib
-from t5lite import aot, partitioning
 from t5lite.models import build_model, peft
+from t5lite.tpu import aot
+from t5lite.train import partitioning
 
 
 def step_memory(cfg, all_grads: bool = False):

@@ -72,7 +72,8 @@ def t5x_step(network, devices, options: dict):
     from flax.linen import partitioning as nn_partitioning
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from t5lite import config as config_lib, losses, optim
+    from t5lite import config as config_lib
+    from t5lite.train import losses, optim
 
     t5cfg = network.T5Config(  # t5x/examples/t5/t5_1_1/base.gin
         vocab_size=32128, dtype=jnp.bfloat16, emb_dim=768, num_heads=12,
@@ -132,7 +133,7 @@ def t5x_step(network, devices, options: dict):
 
 
 def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
-    from t5lite import aot
+    from t5lite.tpu import aot
     chip = aot.parse_topology(TOPOLOGY).chip
     mem = compiled.memory_analysis()
     hlo = aot.hlo_costs(compiled.as_text(), chip)
@@ -149,9 +150,9 @@ def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
 
 def model_flops_per_chip(cfg, mesh) -> float:
     """3 x forward matmul FLOPs of the step (trainer.step_flops, the model both sides run)."""
-    from t5lite import trainer
     from t5lite.models import build_model
-    from t5lite.optim import make_optimizer
+    from t5lite.train import trainer
+    from t5lite.train.optim import make_optimizer
     model = build_model(cfg.model)
     abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh,
                                                   make_optimizer(cfg.optim, cfg.train.steps))
@@ -166,7 +167,9 @@ def main():
     args = p.parse_args()
     import jax
 
-    from t5lite import aot, config as config_lib, partitioning
+    from t5lite import config as config_lib
+    from t5lite.tpu import aot
+    from t5lite.train import partitioning
     aot.require_libtpu()
     topo = aot.parse_topology(TOPOLOGY)
     devices = aot.abstract_devices(topo)

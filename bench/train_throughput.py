@@ -167,9 +167,10 @@ def causal_attention_flops(cfg) -> int:
 def run_ours(args) -> dict:
     import jax
 
-    from t5lite import convert, partitioning, trainer
+    from t5lite import convert
     from t5lite.config import MeshConfig
     from t5lite.models import build_model, peft
+    from t5lite.train import partitioning, trainer
     base = _rss_mib()
     cfg = make_config(args.family, args.size, args.batch, args.dropout, args.scan_unroll)
     devices = jax.devices()[:1]  # one CPU device using every core (XLA's intra-op pool)

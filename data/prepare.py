@@ -23,5 +23,5 @@ if __name__ == "__main__":
         from t5lite import dataprep
         print(dataprep.summary(data_dir))
         sys.exit(0)
-    from t5lite.cli import main
+    from t5lite.cli.main import main
     sys.exit(main(["data", "prepare", *args]))

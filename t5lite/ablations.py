@@ -505,7 +505,7 @@ def _check_same_config(stage: Stage) -> None:
     """A stage's workdir may only be resumed with the config it was started with: the
     trainer's diff (workdir.config_diff: placement keys such as mesh.* may differ), with no
     safe-key exception (a finished stage's numbers are reused)."""
-    from t5lite import workdir as workdir_lib
+    from t5lite.store import workdir as workdir_lib
     old = _read_json(_join(stage.workdir, "config.json"))
     if old is None:
         return
@@ -518,7 +518,7 @@ def _check_same_config(stage: Stage) -> None:
 
 def _train(stage: Stage) -> float:
     """Train the stage unless done; -> seconds spent (0 when skipped)."""
-    from t5lite import trainer
+    from t5lite.train import trainer
     _check_same_config(stage)
     what = f"{stage.kind}{' ' + stage.task if stage.task else ''}"
     if _read_json(_join(stage.workdir, "ablation_done.json")) is not None:
@@ -566,7 +566,7 @@ def _test(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
     (eval.max_examples of the task's finetuning config; the whole split at paper scale) and
     each (member) task reports its best one (the paper's selection); else the finetuning run's
     best params (or the multi-task run's final ones)."""
-    from t5lite import evaluation
+    from t5lite.eval import evaluation
     split = _scale(scale).report_split
     src = pre.workdir if multitask else ft.workdir
     path = _join(src, f"{split}_{ft.task}.json")
@@ -635,13 +635,13 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     table = table if isinstance(table, Table) else load_table(table)
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}.")
-    from t5lite import checkpointing
+    from t5lite.store import checkpointing
     workdir = checkpointing.abspath(workdir)
     selected = [table.row(r) for r in rows] if rows else list(table.rows)
     tasks = tuple(tasks) or _scale(scale).tasks or table.tasks
     _check_tasks(tasks)
     results = {}
-    from t5lite import progress  # rows done / to do (a bar, or plain lines in a log file)
+    from t5lite.monitor import progress  # rows done / to do (a bar, or plain lines in a log file)
     for row in progress.bar(selected, desc=f"ablate {table.name}", unit="row",
                             disable=dry_run):
         per_ckpt = _per_checkpoint(scale, row)
@@ -864,7 +864,7 @@ def _write_table(table: Table, workdir: str) -> str:
     path = _join(workdir, table.name, "table.md")
     if jax.process_index() == 0:
         epath.Path(path).write_text(render(table, workdir) + "\n")
-        from t5lite import plot  # the same numbers as a chart: table.png
+        from t5lite.monitor import plot  # the same numbers as a chart: table.png
         results = [(r, _read_json(_join(workdir, table.name, r.name, "result.json")) or {})
                    for r in table.rows]
         plot.ablation_chart(f"{table.name}: {table.caption}", [

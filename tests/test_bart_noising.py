@@ -172,7 +172,7 @@ def test_token_deletion_removes_exactly_the_chosen_tokens_in_order():
         assert len(out) == n - round(n * rate)
         assert np.all(np.diff(out) > 0)  # order kept, nothing added or repeated
         gone = np.setdiff1d(np.arange(FIRST, FIRST + n), out) - FIRST
-        chosen = objectives._exact_count_mask(n, round(n * rate), _seeds(i)[0]).numpy()
+        chosen = objectives.bart._exact_count_mask(n, round(n * rate), _seeds(i)[0]).numpy()
         assert np.array_equal(gone, np.flatnonzero(chosen))  # exactly the chosen ones
         counts[gone] += 1
     # every position is as likely to go: ~rate each (binomial sd ~0.032 over 200 draws)

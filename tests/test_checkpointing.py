@@ -15,7 +15,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from t5lite import checkpointing, optim, partitioning, trainer
+from t5lite.store import checkpointing
+from t5lite.train import optim, partitioning, trainer
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import build_model

@@ -2,7 +2,7 @@
 (libtpu from the test extra), remat policies by name, and the CPU-only gradient rewrites.
 
 Compiles for a TPU are slow (tens of seconds each on 2 cores): the few configs here are small
-and t5lite.aot caches each (config, topology) compile, so --search reuses them.
+and t5lite.tpu.aot caches each (config, topology) compile, so --search reuses them.
 """
 
 import json
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from t5lite import aot, cli
+from t5lite.cli.main import main
+from t5lite.tpu import aot
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import build_model, count_params, dummy_batch, layers
@@ -330,8 +331,8 @@ def test_flat_kernels_are_not_padded_on_tpu():
 def test_a_mesh_axis_that_splits_a_physical_dim_still_makes_a_mesh():
     """v5p-128 is a 4x4x4 torus: tensor=2 is no product of its dims (jax.make_mesh refuses
     it); the mesh splits a physical dim instead, every chip once."""
-    from t5lite import partitioning
     from t5lite.config import MeshConfig
+    from t5lite.train import partitioning
     devices = aot.abstract_devices(aot.parse_topology("v5p-128"))
     mesh = partitioning.make_mesh(MeshConfig(data=1, fsdp=32, tensor=2), devices)
     assert dict(mesh.shape) == {"data": 1, "fsdp": 32, "tensor": 2}
@@ -371,7 +372,7 @@ XL_WIDE = ["data.batch_size=16", "data.feature_lengths.inputs=512",
 
 
 def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
-    from t5lite import partitioning
+    from t5lite.train import partitioning
     topo = aot.parse_topology("v5litepod-4")
     runs = {}
     for on in (False, True):

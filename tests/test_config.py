@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from t5lite import cli, partitioning
+from t5lite.cli.main import main
+from t5lite.train import partitioning
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 
@@ -76,7 +77,7 @@ def test_cli_reports_user_errors_with_exit_code_2(capsys, tmp_path):
 
 def test_model_vocab_smaller_than_the_task_vocabulary_is_a_user_error(tmp_path, monkeypatch):
     import tasks_testdata
-    from t5lite import trainer
+    from t5lite.train import trainer
     monkeypatch.setenv("T5LITE_DATA_DIR", tasks_testdata.make_data_dir(str(tmp_path / "d")))
     cfg = config_lib.load_config("quickstart", ["model.vocab_size=512", "train.prepare_data=()"])
     with pytest.raises(UserError, match=r"model.vocab_size=512 is smaller than the 700 ids .*"
@@ -109,7 +110,7 @@ def test_configs_saved_before_a_field_keep_the_value_they_trained_with():
     """config.json written before model.flat_kernels existed trained with [D, H, K] kernels:
     reloading it (resume, load_params) must build that layout, and resuming it under a
     config that says otherwise is a named difference, not a shape error at restore."""
-    from t5lite import workdir
+    from t5lite.store import workdir
     new = json.loads(json.dumps(config_lib.to_dict(config_lib.load_config("t5_1_1_tiny"))))
     assert new["model"]["flat_kernels"] is True
     old = json.loads(json.dumps(new))

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import hf_fixtures as F
-from t5lite import cli, convert
-from t5lite.checkpointing import load_params
+from t5lite import convert
+from t5lite.cli.main import main
 from t5lite.errors import UserError
+from t5lite.store.checkpointing import load_params
 
 KINDS = ["t5_v1_0", "t5_v1_1", "bert", "gpt2"]
 

@@ -13,7 +13,8 @@ from transformers import DynamicCache, EncoderDecoderCache
 
 import hf_fixtures as F
 from t5lite import config as config_lib
-from t5lite import convert, decoding
+from t5lite import convert
+from t5lite.eval import decoding
 from t5lite.models import build_model, dummy_batch
 
 N_NEW = 7

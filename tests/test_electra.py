@@ -13,8 +13,9 @@ import torch
 import transformers
 
 import hf_fixtures as F
-from t5lite import convert, losses, trainer
+from t5lite import convert
 from t5lite.models import build_model, count_params, electra
+from t5lite.train import losses, trainer
 from train_helpers import synthetic_batch, tf_iterator, tiny_config
 
 MASK_ID = 127  # train_helpers.synthetic_batch writes V - 1 at the masked positions

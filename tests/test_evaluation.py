@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from t5lite import config as config_lib
-from t5lite import commands, evaluation
+from t5lite.cli import commands
 from t5lite.errors import UserError
+from t5lite.eval import evaluation
 
 
 def _tiny_cfg(architecture):
@@ -38,7 +39,7 @@ def _tiny_cfg(architecture):
 
 @pytest.fixture(scope="module")
 def workdir(data_dir, tmp_path_factory):
-    from t5lite import trainer
+    from t5lite.train import trainer
     wd = str(tmp_path_factory.mktemp("encdec"))
     trainer.train(_tiny_cfg("encoder_decoder"), wd)
     return wd
@@ -154,7 +155,7 @@ def test_beam_search_through_overrides(workdir, tmp_path):
 
 
 def test_decoder_only_eval_and_infer(data_dir, tmp_path):
-    from t5lite import trainer
+    from t5lite.train import trainer
     cfg = _tiny_cfg("decoder_only")
     cfg.eval.every_steps, cfg.train.steps = 0, 2
     wd = str(tmp_path / "gpt")

@@ -11,8 +11,8 @@ import pytest
 import seqio
 
 from t5lite import config as config_lib
-from t5lite import decoding, evaluation, fewshot
 from t5lite.errors import UserError
+from t5lite.eval import decoding, evaluation, fewshot
 from t5lite.models import build_model, dummy_batch
 
 TRAIN = [(f"text number {i}", "positive" if i % 3 else "negative") for i in range(20)]
@@ -112,7 +112,8 @@ def test_long_prompts_keep_the_query():
 
 
 def test_eval_shots_command_on_a_tiny_gpt(data_dir, tmp_path, capsys):
-    from t5lite import cli, trainer
+    from t5lite.cli.main import main
+    from t5lite.train import trainer
     cfg = config_lib.Config(name="tiny_fewshot")
     m = cfg.model
     m.architecture, m.position, m.max_length = "decoder_only", "learned", 96

@@ -13,8 +13,9 @@ import os
 import pytest
 
 import tasks_testdata
-from t5lite import evaluation, quickstart
+from t5lite.cli import quickstart
 from t5lite.errors import UserError
+from t5lite.eval import evaluation
 
 
 def test_quickstart_fast_pipeline(tmp_path, capsys):

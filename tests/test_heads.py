@@ -13,10 +13,10 @@ import tensorflow as tf
 from flax import linen as nn
 
 from t5lite import config as config_lib
-from t5lite import losses
 from t5lite.config import ModelConfig
 from t5lite.models import build_model, dummy_batch
 from t5lite.tasks import classification
+from t5lite.train import losses
 
 B, L, C, T = 4, 10, 3, 5
 
@@ -189,7 +189,8 @@ def test_tiny_bert_sentiment_beats_the_majority_class(tmp_path):
     class of the validation split."""
     if not _sentiment_ready():
         pytest.skip("run `t5lite data prepare sentiment bert_vocab` first")
-    from t5lite import dataprep, trainer
+    from t5lite import dataprep
+    from t5lite.train import trainer
     cfg = config_lib.load_config("tiny_bert_sentiment", ["train.steps=300"])
     cfg.train.eval_steps = 0
     workdir = str(tmp_path / "run")
@@ -203,7 +204,7 @@ def test_tiny_bert_sentiment_beats_the_majority_class(tmp_path):
 
 def evaluate_accuracy(cfg, workdir, split):
     """Accuracy of the trained classifier over a whole split (one pass, no repeats)."""
-    from t5lite import checkpointing
+    from t5lite.store import checkpointing
     from t5lite.tasks import pipeline
     _, params = checkpointing.load_params(workdir)
     model = build_model(cfg.model)

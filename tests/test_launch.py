@@ -201,7 +201,7 @@ def test_tpu_fit_fixes_follow_the_compile_report():
 HAVE_COMPILE = os.path.exists(os.path.join(ROOT, "t5lite", "aot.py"))
 
 
-@pytest.mark.skipif(not HAVE_COMPILE, reason="needs `t5lite compile` (t5lite/aot.py)")
+@pytest.mark.skipif(not HAVE_COMPILE, reason="needs `t5lite compile` (t5lite/tpu/aot.py)")
 def test_tpu_train_refuses_a_config_that_does_not_fit():
     """The real `t5lite compile` for one v5e chip (16 GiB): tiny T5 at batch 32768 needs ~40 GiB
     of activations; the launcher refuses before any gcloud command and names the fixes."""
@@ -728,7 +728,8 @@ def test_local_initialize_multihost_reads_the_launcher_env():
     launchers export (T5LITE_*), so `--set mesh.multihost=true` alone is enough."""
     script = textwrap.dedent("""\
         import jax
-        from t5lite import config, partitioning
+        from t5lite import config
+        from t5lite.train import partitioning
         partitioning.initialize_multihost(config.MeshConfig(multihost=True))
         mesh = partitioning.make_mesh(config.MeshConfig(data=2, fsdp=2))
         print("process", jax.process_index(), "of", jax.process_count(), "mesh", dict(mesh.shape))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from t5lite import losses
+from t5lite.train import losses
 from train_helpers import tiny_config
 
 

@@ -295,7 +295,7 @@ def test_scan_equals_unrolled():
 def test_flat_kernels_are_the_same_layer():
     """model.flat_kernels stores attention kernels [fan_in, fan_out]; the old [D, H, K] /
     [H, K, D] params reshaped into them give the same outputs (checkpoint merge does it)."""
-    from t5lite import checkpointing
+    from t5lite.store import checkpointing
     flat_cfg, _, flat_params, flat_fwd = shared("t5")
     old_cfg = tiny(**{**MODELS["t5"], "flat_kernels": False})
     batch = random_batch(old_cfg)

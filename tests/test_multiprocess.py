@@ -138,9 +138,9 @@ import jax
 import numpy as np
 jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from t5lite import checkpointing
 from t5lite.config import CheckpointConfig
-from t5lite.trainer import TrainState
+from t5lite.store import checkpointing
+from t5lite.train.trainer import TrainState
 
 pid = jax.process_index()
 mesh = Mesh(np.array(jax.devices()), ("x",))

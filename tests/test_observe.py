@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from t5lite import config as config_lib
-from t5lite import observe, progress, trainer
 from t5lite.errors import UserError
+from t5lite.monitor import goodput, progress
+from t5lite.train import trainer
 from train_helpers import tf_iterator, tiny_config
 
 
@@ -67,7 +68,7 @@ def test_profile_window_writes_a_trace_and_goodput_survives_a_resume(tmp_path, c
     # a corrupt newest checkpoint: eval / infer fall back with one warning line (not
     # TensorStore's spec) and no orbax absl notes
     import logging
-    from t5lite import checkpointing
+    from t5lite.store import checkpointing
     for f in glob.glob(os.path.join(workdir, "checkpoints", "6", "params", "ocdbt.process_0",
                                     "d", "*")):
         with open(f, "wb") as fh:
@@ -80,10 +81,10 @@ def test_profile_window_writes_a_trace_and_goodput_survives_a_resume(tmp_path, c
 
 
 def test_profile_steps_must_be_a_window():
-    assert observe.parse_steps("") is None and observe.parse_steps("10:15") == (10, 15)
+    assert goodput.parse_steps("") is None and goodput.parse_steps("10:15") == (10, 15)
     for bad in ("15:10", "x", "3", "-1:2"):
         with pytest.raises(UserError, match="profile_steps"):
-            observe.parse_steps(bad)
+            goodput.parse_steps(bad)
 
 
 def test_closed_event_loop_noise_is_dropped_and_other_unraisables_are_not(monkeypatch):
@@ -141,7 +142,7 @@ def _png(path):
 
 
 def test_plot_writes_a_png_of_the_asked_size_with_curves(tmp_path):
-    from t5lite import cli
+    from t5lite.cli.main import main
     a, b = str(tmp_path / "ablate" / "rate10" / "pretrain"), str(
         tmp_path / "ablate" / "rate50" / "pretrain")
     _fake_run(a)
@@ -155,14 +156,14 @@ def test_plot_writes_a_png_of_the_asked_size_with_curves(tmp_path):
     assert len(colors) > 50  # several colored curves, anti-aliased
     assert cli.main(["plot", a]) == 0 and _png(os.path.join(a, "metrics.png")).shape == (
         900, 1400, 3)
-    from t5lite import plot
+    from t5lite.monitor import plot
     assert plot.run_labels([a, b]) == ["rate10/pretrain", "rate50/pretrain"]
     assert cli.main(["plot", str(tmp_path / "nothing")]) == 2
     assert cli.main(["plot", a, "--size", "big"]) == 2
 
 
 def test_ablation_chart_is_written_next_to_the_table(tmp_path):
-    from t5lite import plot
+    from t5lite.monitor import plot
     rows = [("i.i.d. 15%", {"sentiment/accuracy": 61.0, "translate_en_de/bleu": 3.1}, True),
             ("span 3", {"sentiment/accuracy": 64.5, "translate_en_de/bleu": 3.9}, False),
             ("not run", {}, False)]
@@ -199,7 +200,7 @@ def _all_actions(parser, prefix="t5lite"):
 
 
 def test_every_cli_argument_has_help_and_choices_where_fixed(capsys):
-    from t5lite import cli
+    from t5lite.cli.main import main
     parser = cli.build_parser()
     missing = [f"{cmd} {a.dest}" for cmd, a in _all_actions(parser)
                if not (a.help or "").strip()]
@@ -218,7 +219,7 @@ def test_every_cli_argument_has_help_and_choices_where_fixed(capsys):
 
 
 def test_train_print_config_shows_the_resolved_config_and_trains_nothing(tmp_path, capsys):
-    from t5lite import cli
+    from t5lite.cli.main import main
     assert cli.main(["train", "--config", "quickstart", "--set", "train.steps=7",
                      "--print-config"]) == 0
     cfg = config_lib.from_dict(json.loads(capsys.readouterr().out))
@@ -230,7 +231,7 @@ def test_train_print_config_shows_the_resolved_config_and_trains_nothing(tmp_pat
 
 
 def test_listings_say_which_task_data_is_prepared(tmp_path, monkeypatch):
-    from t5lite import listings
+    from t5lite.cli import listings
     root = tmp_path / "data"  # sentiment and the BERT vocabulary prepared, nothing else
     files = {"finetune/sentiment/train.tsv": "good\tpositive\n", "vocab/bert/vocab.txt": "[PAD]\n"}
     for rel, text in files.items():
@@ -257,9 +258,10 @@ def test_listings_say_which_task_data_is_prepared(tmp_path, monkeypatch):
 def test_convert_export_of_a_lora_run_names_merge_lora_which_works(tmp_path, capsys):
     import flax.linen as nn
     import jax
-    from t5lite import checkpointing, cli
-    from t5lite.checkpointing import load_params
+    from t5lite.cli.main import main
     from t5lite.models import build_model, dummy_batch
+    from t5lite.store import checkpointing
+    from t5lite.store.checkpointing import load_params
     cfg = config_lib.load_config("bert_tiny", ["model.peft.lora_rank=2"])
     batch = dummy_batch(cfg.model, 1, {"inputs": 8})
     params = nn.meta.unbox(build_model(cfg.model).init(jax.random.key(0), batch,
@@ -292,7 +294,7 @@ def test_cached_task_trains_from_the_same_examples(data_dir, tmp_path, task, len
     gives the examples preprocessing on the fly gives (the same batches from one shard; seqio
     interleaves several)."""
     import seqio
-    from t5lite import cli
+    from t5lite.cli.main import main
     from t5lite.tasks import pipeline
     cache_dir = str(tmp_path / "cache")
     cfg = config_lib.Config()

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from t5lite import config as config_lib
-from t5lite import optim
 from t5lite.errors import UserError
+from t5lite.train import optim
 
 
 def ocfg(**kw):

@@ -15,10 +15,10 @@ from flax import traverse_util
 from train_helpers import random_model_batch
 
 from t5lite import config as config_lib
-from t5lite import partitioning, trainer
 from t5lite.config import ModelConfig, PeftConfig
 from t5lite.errors import UserError
 from t5lite.models import abstract_params, build_model, peft
+from t5lite.train import partitioning, trainer
 
 D, H, K, F, NL = 32, 4, 8, 64, 2
 
@@ -369,7 +369,7 @@ def test_trainer_logs_counts_and_writes_peft_params(tmp_path, capsys):
     trainer.train(cfg, workdir, train_iter=iter(batches),
                   eval_iter_fn=lambda: iter(synthetic_batches(cfg, 1)))
     assert sorted(os.listdir(os.path.join(workdir, "peft"))) == ["4"]  # keep=1
-    from t5lite import checkpointing
+    from t5lite.store import checkpointing
     _, full_params = checkpointing.load_params(workdir)
     _, params = peft.load_peft(os.path.join(workdir, "peft", "4"),
                                jax.tree.map(jnp.zeros_like, full_params))
@@ -384,7 +384,7 @@ def test_trainer_logs_counts_and_writes_peft_params(tmp_path, capsys):
 
 def _train_step_memory(cfg):
     """(temp, argument) bytes of the compiled train step on one CPU device (deterministic)."""
-    from t5lite import aot
+    from t5lite.tpu import aot
     mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
     _, traced = aot.trace_train_step(cfg, mesh, build_model(cfg.model),
                                       peft.make_optimizer(cfg, cfg.train.steps))

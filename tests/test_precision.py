@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from t5lite import config as config_lib
-from t5lite import optim, partitioning, trainer
 from t5lite.models import build_model
+from t5lite.train import optim, partitioning, trainer
 from train_helpers import synthetic_batches, tiny_config
 
 

@@ -4,7 +4,7 @@ Each case starts from a copy of one trained tiny workdir (checkpoints 2 and 4, m
 1-4), does one thing to it, and asserts the exit code, a one-line message that names the fix,
 and that every checkpoint, metrics line and config that existed is still there (hash of every
 file before / after; a damaged step may only have moved to corrupt_checkpoints/, unchanged).
-In-process through t5lite.cli.main where possible; subprocesses only for signals, lock races
+In-process through t5lite.cli.main.main where possible; subprocesses only for signals, lock races
 and what needs another user (root ignores file modes).
 """
 
@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from t5lite import cli
+from t5lite.cli.main import main
 from train_helpers import enable_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,7 +221,7 @@ def test_workdir_that_is_a_file(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------- lock (item 2)
 
-HOLD = ("import sys, time\nfrom t5lite.workdir import WorkdirLock\n"
+HOLD = ("import sys, time\nfrom t5lite.store.workdir import WorkdirLock\n"
         "WorkdirLock(sys.argv[1]).acquire()\nprint('locked', flush=True)\ntime.sleep(120)\n")
 
 
@@ -243,7 +243,7 @@ def test_second_run_on_a_locked_workdir_refuses_naming_the_holder(wd, capsys):
 
 def test_lock_race_has_exactly_one_winner(tmp_path):
     """Eight processes lock one workdir at the same moment: one holds it, seven refuse."""
-    script = ("import sys, time\nfrom t5lite.workdir import WorkdirLock\n"
+    script = ("import sys, time\nfrom t5lite.store.workdir import WorkdirLock\n"
               "from t5lite.errors import UserError\n"
               "while time.time() < float(sys.argv[2]): pass\n"
               "try:\n    WorkdirLock(sys.argv[1]).acquire(); print('won', flush=True)\n"
@@ -272,7 +272,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(wd, capsys):
 
 LEASE_HOLD = (
     "import socket, sys, time\nsocket.gethostname = lambda: 'old-worker'  # another VM\n"
-    "from t5lite.workdir import WorkdirLock\n"
+    "from t5lite.store.workdir import WorkdirLock\n"
     "WorkdirLock(sys.argv[1], lease_seconds=1.2, use_flock=False).acquire()\n"
     "print('locked', flush=True)\ntime.sleep(120)\n")
 
@@ -283,7 +283,7 @@ def test_lease_lock_a_preempted_holder_on_another_host_is_taken_over(tmp_path, c
     recreated under other host names) a rerun waits for the lease to run out and takes the
     lock over, naming the old holder."""
     from t5lite.errors import UserError
-    from t5lite.workdir import WorkdirLock
+    from t5lite.store.workdir import WorkdirLock
     holder = subprocess.Popen([sys.executable, "-c", LEASE_HOLD, str(tmp_path)], cwd=ROOT,
                               env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
                               text=True)
@@ -316,7 +316,7 @@ def test_lease_lock_a_preempted_holder_on_another_host_is_taken_over(tmp_path, c
 
 
 def test_lease_lock_dead_pid_on_this_host_is_taken_over_at_once(tmp_path):
-    from t5lite.workdir import WorkdirLock
+    from t5lite.store.workdir import WorkdirLock
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (tmp_path / ".lock").write_text(json.dumps({
@@ -439,8 +439,8 @@ def test_convert_import_of_a_malformed_model_dir(tmp_path, capsys):
 def test_quickstart_rerun_the_other_way_names_its_own_fix(tmp_path, data_dir, capsys):
     """quickstart has no --allow-config-change / --set: a workdir made with (without) --fast
     is refused naming the quickstart command that resumes it, before anything is written."""
-    from t5lite import quickstart
-    from t5lite import workdir as workdir_lib
+    from t5lite.cli import quickstart
+    from t5lite.store import workdir as workdir_lib
     from t5lite.errors import UserError
     for made_fast in (True, False):
         qs = tmp_path / f"qs_{made_fast}"
@@ -473,7 +473,7 @@ def test_ablation_stages_use_the_trainers_config_diff(tmp_path):
     a config.json from an older t5lite lacks (their defaults) are no difference."""
     from t5lite import ablations
     from t5lite import config as config_lib
-    from t5lite import workdir as workdir_lib
+    from t5lite.store import workdir as workdir_lib
     from t5lite.errors import UserError
 
     def stage(*overrides):
@@ -691,7 +691,7 @@ def test_unread_shard_failures_are_collected_without_asyncio_tracebacks(caplog):
     import gc
     import logging
     import weakref
-    from t5lite import progress
+    from t5lite.monitor import progress
 
     async def read():
         raise ValueError("bad shard")

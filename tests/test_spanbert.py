@@ -202,8 +202,8 @@ def _tiny_spanbert_cfg():
 def test_sbo_head_shapes_params_and_loss():
     import jax
     from flax.linen import meta
-    from t5lite import losses
     from t5lite.models import build_model, count_params, dummy_batch
+    from t5lite.train import losses
 
     cfg = _tiny_spanbert_cfg()
     model = build_model(cfg.model)
@@ -243,7 +243,7 @@ def test_sbo_loss_falls_in_training(tmp_path):
     """A few steps of trainer.train on span-masked batches: the SBO loss is wired into the
     gradient (it falls with the MLM loss)."""
     import json
-    from t5lite import trainer
+    from t5lite.train import trainer
 
     cfg = _tiny_spanbert_cfg()
     cfg.train.steps, cfg.train.log_every, cfg.train.eval_steps = 80, 10, 0

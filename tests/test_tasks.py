@@ -213,9 +213,9 @@ def test_task_modules_from_config(tmp_path, monkeypatch):
     """data.task_modules: a user's registering module, by path or by name from the current
     directory, imported once (a second import would re-register and fail in seqio)."""
     from t5lite import config as config_lib
-    from t5lite import trainer
     from t5lite.errors import UserError
     from t5lite.tasks import pipeline
+    from t5lite.train import trainer
     for name in ("by_path", "by_name"):
         (tmp_path / f"{name}_tasks.py").write_text(
             "import seqio\nfrom t5lite.tasks import registry, vocabularies\n"

@@ -16,10 +16,10 @@ import os
 import re
 from typing import Callable, Iterable
 
-from t5lite import progress  # tqdm bars on a terminal, plain lines in a log file
+from t5lite.monitor import progress  # tqdm bars on a terminal, plain lines in a log file
 from t5lite.dataprep.archives import read_member
 from t5lite.dataprep.clean import bucket, dedup_key, normalize_text
-from t5lite.dataprep.fetch import SOURCES, Fetcher, Source, sha256_file
+from t5lite.dataprep.fetch import Fetcher, SOURCES, Source, sha256_file
 from t5lite.dataprep.sources import (CORPUS_SOURCES, brown_files, brown_paragraphs,
                                      debian_descriptions, ding_sentence)
 from t5lite.dataprep.vocab import (build_vocab_bert, build_vocab_gpt2, build_vocab_sp8k,

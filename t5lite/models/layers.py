@@ -30,7 +30,7 @@ def compute_dtype(cfg) -> jnp.dtype:
 
 
 # The platform the step is traced for. jax.default_backend() is "cpu" on a CPU host that
-# compiles for an abstract TPU topology (t5lite.aot), so that command sets it explicitly.
+# compiles for an abstract TPU topology (t5lite.tpu.aot), so that command sets it explicitly.
 _TARGET_PLATFORM = contextvars.ContextVar("t5lite_target_platform", default=None)
 
 

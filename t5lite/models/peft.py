@@ -323,7 +323,7 @@ def total_layers(mcfg) -> int:
 def opened_groups(mcfg, step):
     """Groups < this train at optimizer step ``step`` (0-based) under gradual unfreezing
     (traceable)."""
-    from t5lite import optim
+    from t5lite.train import optim
     return optim.opened_groups(mcfg.peft.unfreeze_every, mcfg.peft.unfreeze_layers, step)
 
 
@@ -331,7 +331,7 @@ def make_optimizer(cfg, total_steps: int, params=None, trainable=None):
     """optim.make_optimizer with the trainable mask and gradual unfreezing of ``cfg.model``
     (cfg: a full Config). ``params``: (abstract) params, built from the config when None and
     needed; ``trainable``: an explicit mask overriding the config's."""
-    from t5lite import optim
+    from t5lite.train import optim
     mcfg, p = cfg.model, cfg.model.peft
     if params is None and ((trainable is None and needs_mask(mcfg)) or p.unfreeze_every):
         from t5lite.models import abstract_params
@@ -366,7 +366,7 @@ def save_peft(path: str, cfg, params) -> None:
     ``cfg``: the full Config (saved as config.json)."""
     subset = peft_subset(cfg.model, params)
     train, total = count_trainable(params, trainable_mask(cfg.model, params))
-    from t5lite import checkpointing
+    from t5lite.store import checkpointing
     checkpointing.save_params_dir(path, cfg, subset, {PEFT_MARKER: {
         "trainable_params": train, "model_params": total,
         "paths": sorted(path_str(p) for p, _ in _leaves(subset)[0])}}, overwrite=True)
@@ -376,7 +376,7 @@ def save_with_checkpoint(cfg, workdir: str, step: int, params) -> None:
     """Trainer hook: with PEFT on (and model.peft.save_peft_params), write workdir/peft/<step>/
     beside checkpoints/<step>/ and keep the newest checkpoint.keep of them."""
     from etils import epath
-    from t5lite import checkpointing
+    from t5lite.store import checkpointing
     if not (enabled(cfg.model) and cfg.model.peft.save_peft_params):
         return
     root = epath.Path(checkpointing.abspath(workdir)) / "peft"
@@ -392,7 +392,7 @@ def load_peft(path: str, base_params):
     """-> (Config, params): ``base_params`` (e.g. from checkpointing.load_params of the base
     model, or a fresh init) with the saved PEFT params of ``path`` put on top."""
     from etils import epath
-    from t5lite import checkpointing
+    from t5lite.store import checkpointing
     path = checkpointing.abspath(path)
     cfg_file = epath.Path(path) / "config.json"
     if not (epath.Path(path) / PEFT_MARKER).exists() or not cfg_file.exists():

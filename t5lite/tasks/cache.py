@@ -63,7 +63,7 @@ def cache_task(name: str, splits: Sequence[str] = (), cache_dir: str = "", num_s
                force: bool = False) -> list[str]:
     """Caches every task of `name` (a task or mixture) for `splits` (default: all of the
     task's splits). -> the task cache dirs. A cached task is left alone unless `force`."""
-    from t5lite import progress
+    from t5lite.monitor import progress
     root = default_cache_dir(cache_dir)
     out = []
     for task in seqio.get_subtasks(pipeline.get_mixture_or_task(name)):

@@ -94,7 +94,7 @@ class MetricsLogger:
         self._truncate_after(start_step)
         self.tb = _summary_writer_cls()(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
         if progress_bar:
-            from t5lite import progress  # plain lines instead of a bar in a log file
+            from t5lite.monitor import progress  # plain lines instead of a bar in a log file
             self.bar = progress.bar(total=total_steps, initial=start_step, unit="step",
                                     desc="train", dynamic_ncols=True, smoothing=0.1)
         self.step = start_step
@@ -103,7 +103,7 @@ class MetricsLogger:
         """Drop records after `step` (the restored checkpoint) and repair a torn line (power
         loss, full disk): unparseable lines move to metrics.jsonl.damaged, never vanish. The
         rewrite is atomic, so a crash here cannot lose the file."""
-        from t5lite.checkpointing import write_atomic
+        from t5lite.store.checkpointing import write_atomic
         path = epath.Path(self.path)
         if not path.exists():
             return

@@ -21,8 +21,8 @@ import jax
 import numpy as np
 
 from t5lite import config as config_lib
-from t5lite import decoding
 from t5lite.errors import UserError
+from t5lite.eval import decoding
 
 
 # ----------------------------------------------------------------------------- model batches
@@ -92,11 +92,11 @@ class Predictor:
     def _ctx(self):
         if self.mesh is None:
             return contextlib.nullcontext()
-        from t5lite import partitioning
+        from t5lite.train import partitioning
         return partitioning.activate(self.mesh)
 
     def _chunks(self, n: int, desc: str = "") -> Iterable[tuple[int, int]]:
-        from t5lite import progress
+        from t5lite.monitor import progress
         with progress.bar(total=n, desc=desc, unit="ex", leave=False,
                           disable=n <= self.batch_size or jax.process_index() != 0) as bar:
             for start in range(0, n, self.batch_size):
@@ -247,7 +247,7 @@ def _classifier_metrics(cfg, model, params, task_name: str, split: str, max_exam
                   for k, v in batch.items()}
         ctx = contextlib.nullcontext()
         if mesh is not None:
-            from t5lite import partitioning
+            from t5lite.train import partitioning
             ctx = partitioning.activate(mesh)
         with ctx:
             pred = np.asarray(jax.device_get(fwd(params, padded)))[:n].argmax(-1)
@@ -299,7 +299,7 @@ class TrainEvaluator:
     def __init__(self, cfg, model, workdir: str, mesh, logger=None):
         self.cfg, self.model, self.mesh, self.logger = cfg, model, mesh, logger
         from etils import epath
-        from t5lite import checkpointing
+        from t5lite.store import checkpointing
         # workdirs may be local or gs://: file I/O through epath (see checkpointing.abspath)
         self.best_dir = epath.Path(checkpointing.abspath(workdir)) / "best"
         kept = checkpointing.read_metadata(str(self.best_dir), "metrics.json")
@@ -344,7 +344,7 @@ class TrainEvaluator:
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     def _save(self, step: int, params, metrics: dict) -> None:
-        from t5lite import checkpointing
+        from t5lite.store import checkpointing
         checkpointing.save_params_dir(str(self.best_dir), self.cfg, params,
                                       {"metrics.json": {"step": step, **metrics}}, overwrite=True)
 
@@ -354,8 +354,9 @@ class TrainEvaluator:
 
 def load(checkpoint: str, overrides: Sequence[str] = ()):
     """-> (cfg with overrides applied, model, params) from any checkpoint layout."""
-    from t5lite import checkpointing, progress
     from t5lite.models import build_model
+    from t5lite.monitor import progress
+    from t5lite.store import checkpointing
     with progress.quiet_absl():
         cfg, params = checkpointing.load_params(checkpoint)
     cfg = config_lib.apply_overrides(cfg, overrides)

@@ -55,25 +55,25 @@ def _import_tensorflow_quietly():
 
 
 def cmd_train(args):
-    from t5lite import commands
+    from t5lite.cli import commands
     commands.train_command(args.config, args.set or [], args.workdir,
                            print_config=args.print_config,
                            allow_config_change=args.allow_config_change)
 
 
 def cmd_compile(args):
-    from t5lite import commands
+    from t5lite.cli import commands
     commands.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
                              do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode)
 
 
 def cmd_quickstart(args):
-    from t5lite import quickstart
+    from t5lite.cli import quickstart
     quickstart.run(args.workdir, fast=args.fast)
 
 
 def cmd_eval(args):
-    from t5lite import commands
+    from t5lite.cli import commands
     if args.shots is not None:  # in-context few-shot prompting (fewshot.py)
         commands.fewshot_command(args.checkpoint, args.task, args.shots, args.split,
                                  args.max_examples, args.template, args.label_words,
@@ -84,7 +84,7 @@ def cmd_eval(args):
 
 
 def cmd_infer(args):
-    from t5lite import commands
+    from t5lite.cli import commands
     commands.infer_command(checkpoint=args.checkpoint, input_path=args.input,
                            output_path=args.output, mode=args.mode,
                            options=args.options or [], overrides=args.set or [],
@@ -92,13 +92,13 @@ def cmd_infer(args):
 
 
 def cmd_models(args):
-    from t5lite import listings
+    from t5lite.cli import listings
     print(listings.models_table(args.names or ()))
 
 
 def cmd_tasks(args):
     if args.action == "list":
-        from t5lite import listings
+        from t5lite.cli import listings
         print(listings.tasks_table())
     else:
         if not args.name:
@@ -124,13 +124,13 @@ def cmd_data(args):
 
 
 def cmd_convert(args):
-    from t5lite import commands
+    from t5lite.cli import commands
     {"import": commands.import_hf_command, "merge-lora": commands.merge_lora_command,
      "export": commands.export_hf_command}[args.direction](args.src, args.dst)
 
 
 def cmd_plot(args):
-    from t5lite import commands
+    from t5lite.cli import commands
     commands.plot_command(args.workdirs, args.output, size=args.size, labels=args.labels or ())
 
 
@@ -139,7 +139,7 @@ def _names(values):  # "--rows a b" and "--rows a,b" both work
 
 
 def cmd_ablate(args):
-    from t5lite import commands
+    from t5lite.cli import commands
     commands.ablate_command(args.table, args.workdir, rows=_names(args.rows),
                             tasks=_names(args.tasks), scale=args.scale,
                             overrides=args.set or [], seeds=args.seeds, dry_run=args.dry_run,
@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--num-examples", type=int, default=3, help="show: how many examples")
     sp.set_defaults(fn=cmd_tasks)
 
-    from t5lite import listings
+    from t5lite.cli import listings
     datasets = listings.dataset_names()
     sp = add("data", "build local corpora, finetuning sets and vocabularies",
              description="Build local corpora, finetuning sets and vocabularies (idempotent). "
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     _quiet_env()
-    from t5lite import progress
+    from t5lite.monitor import progress
     progress.drop_closed_event_loop_noise()  # orbax's leftovers after a fallback restore
     try:
         args = build_parser().parse_args(argv)
@@ -397,6 +397,3 @@ def _exit_now_if_distributed(code: int) -> None:
         sys.stderr.flush()
         os._exit(code)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

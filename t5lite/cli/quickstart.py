@@ -60,7 +60,7 @@ def check_workdir(workdir: str, root: str, fast: bool, prepared: bool = True) ->
     way. The trainer's own refusal would point at --allow-config-change / --set, which
     quickstart has not (and fast and full differ in data.batch_size: no flag continues one
     as the other)."""
-    from t5lite import workdir as workdir_lib
+    from t5lite.store import workdir as workdir_lib
     from t5lite.errors import UserError
     other = stage_configs(workdir, root, not fast, prepared)
     for (cfg, stage), (other_cfg, _) in zip(stage_configs(workdir, root, fast, prepared), other):
@@ -89,7 +89,10 @@ def check_workdir(workdir: str, root: str, fast: bool, prepared: bool = True) ->
 def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = True) -> dict:
     """Pretrain, finetune, evaluate; -> the summary numbers (also printed).
     prepare=False uses the data dir as it is (built elsewhere, or a test's small one)."""
-    from t5lite import commands, dataprep, evaluation, trainer
+    from t5lite import dataprep
+    from t5lite.cli import commands
+    from t5lite.eval import evaluation
+    from t5lite.train import trainer
 
     t0 = time.time()
     workdir = os.path.abspath(workdir)

@@ -533,12 +533,12 @@ def _split_tuple(text: str) -> list:
 
 def _matmul_flops(jaxpr) -> int:
     """The jaxpr's matmul FLOPs, scan bodies times their length (remat recompute included)."""
-    from t5lite import metrics_log
+    from t5lite.monitor import writers
     import jax.extend as jex
     total = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            total += metrics_log.dot_flops(eqn)
+            total += writers.dot_flops(eqn)
         n = eqn.params["length"] if eqn.primitive.name == "scan" else 1
         for sub in jex.core.jaxprs_in_params(eqn.params):
             total += n * _matmul_flops(sub)
@@ -634,7 +634,7 @@ def compile_step(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
     """Compile cfg's train step for `topo` -> the report (see CONTRACTS.md, `t5lite compile`).
     `hbm_bytes` (default: the chip's) is what `fits` compares the per-chip total against."""
     from t5lite import config as config_lib
-    from t5lite import partitioning
+    from t5lite.train import partitioning
     d = config_lib.to_dict(cfg)  # the key holds the resolved mesh: fsdp=-1 == fsdp=<chips>
     d["mesh"] = dict(d["mesh"], **dict(zip(partitioning.MESH_AXES,
                                            partitioning.mesh_shape(cfg.mesh, topo.chips))))
@@ -655,8 +655,8 @@ def trace_train_step(cfg, mesh, model, tx, differentiate_all: bool = False):
     ``differentiate_all``: gradients of every param, as before issue 19 (for comparisons)."""
     import jax
 
-    from t5lite import partitioning, trainer
     from t5lite.models import dummy_batch
+    from t5lite.train import partitioning, trainer
 
     abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
     trainable = jax.tree.map(lambda _: True, shardings.params) if differentiate_all else None
@@ -712,8 +712,8 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
 
     import jax
 
-    from t5lite import partitioning, trainer
     from t5lite.models import build_model, layers, peft
+    from t5lite.train import partitioning, trainer
 
     devices = devices if devices is not None else abstract_devices(topo)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
@@ -843,8 +843,9 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     import jax
     import jax.numpy as jnp
 
-    from t5lite import decoding, partitioning, trainer
+    from t5lite.eval import decoding
     from t5lite.models import build_model, layers, peft
+    from t5lite.train import partitioning, trainer
 
     devices = devices if devices is not None else abstract_devices(topo)
     mesh = partitioning.make_mesh(cfg.mesh, devices)

@@ -22,9 +22,11 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from t5lite import checkpointing, losses, metrics_log, observe, optim, partitioning, progress
+from t5lite.monitor import goodput, progress, writers
+from t5lite.store import checkpointing
+from t5lite.train import losses, optim, partitioning
 from t5lite import config as config_lib
-from t5lite import workdir as workdir_lib
+from t5lite.store import workdir as workdir_lib
 from t5lite.errors import Preempted, UserError
 from t5lite.models import peft
 
@@ -231,7 +233,7 @@ def step_flops(cfg, model, mesh, abstract_params, batch_size) -> int:
     batch = dummy_batch(cfg.model, batch_size, cfg.data.feature_lengths)
     fwd = functools.partial(model.apply, deterministic=True)
     with partitioning.activate(mesh):
-        return 3 * metrics_log.matmul_flops(lambda p, b: fwd({"params": p}, b), abstract_params,
+        return 3 * writers.matmul_flops(lambda p, b: fwd({"params": p}, b), abstract_params,
                                             batch)
 
 
@@ -336,7 +338,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     anything is written (allow_config_change lets the safe keys through, workdir.SAFE_KEYS).
     Raises errors.Preempted after saving a checkpoint on SIGTERM.
     """
-    started = time.time()  # goodput: start-up counts from here (observe.RunClock)
+    started = time.time()  # goodput: start-up counts from here (goodput.RunClock)
     partitioning.initialize_multihost(cfg.mesh)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
@@ -380,7 +382,7 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
             data_iter = make_iter()
         if rewrite:  # only now: the checkpoints it describes have been read with it
             write_config(cfg, workdir)
-        logger = metrics_log.MetricsLogger(workdir, cfg.train.steps, start_step=start)
+        logger = writers.MetricsLogger(workdir, cfg.train.steps, start_step=start)
         logger.write_config(config_lib.to_dict(cfg))  # TensorBoard: text + hparams
         try:
             return _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
@@ -460,8 +462,8 @@ def _no_space_message(workdir: str) -> str:
 
 def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt, data_iter,
           tf_iter, eval_iter_fn, preemption=None, started=None, trainable=None):
-    watch = observe.RunClock(ckpt.workdir, start, enabled=logger.enabled, started=started)
-    prof = observe.Profiler(cfg.train.profile_steps, ckpt.workdir, logger.info)
+    watch = goodput.RunClock(ckpt.workdir, start, enabled=logger.enabled, started=started)
+    prof = goodput.Profiler(cfg.train.profile_steps, ckpt.workdir, logger.info)
     if state is not None:
         logger.info(f"resumed from {ckpt.dir}/{start}"
                     + ("" if tf_iter else " (data iterator position not restored: not tf.data)"))
@@ -477,12 +479,12 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
     logger.info(peft.describe(cfg.model, state.params))
     train_step = make_train_step(cfg, model, tx, mesh, shardings, trainable=trainable)
     eval_step = make_eval_step(cfg, model, mesh, shardings.params)
-    from t5lite import evaluation  # task metrics (decoding) + best checkpoint: cfg.eval
+    from t5lite.eval import evaluation  # task metrics (decoding) + best checkpoint: cfg.eval
     task_eval = (evaluation.TrainEvaluator(cfg, model, ckpt.workdir, mesh, logger)
                  if evaluation.TrainEvaluator.wanted(cfg) else None)
     bsh = partitioning.batch_sharding(mesh)
     flops = step_flops(cfg, model, mesh, abstract.params, cfg.data.batch_size)
-    peak = metrics_log.peak_flops_per_device(cfg.train.peak_flops)
+    peak = writers.peak_flops_per_device(cfg.train.peak_flops)
     logger.info(f"model FLOPs per step {flops:.3g} (3 x forward matmuls); MFU against "
                 + (f"{peak:.3g} FLOP/s per device x {mesh.size}" if peak else
                    f"n/a: no known peak for {jax.devices()[0].device_kind} "

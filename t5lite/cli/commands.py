@@ -40,7 +40,7 @@ def train_command(config: str, overrides: Sequence[str], workdir: str = "",
     if not workdir:
         raise UserError("`t5lite train` needs --workdir DIR (or --print-config to only show "
                         "the resolved config).")
-    from t5lite import trainer
+    from t5lite.train import trainer
     cfg = config_lib.load_config(config, overrides)
     trainer.train(cfg, workdir, allow_config_change=allow_config_change)
 
@@ -49,7 +49,7 @@ def plot_command(workdirs: Sequence[str], output: str = "", size: str = "1400x90
                  labels: Sequence[str] = ()) -> str:
     """`t5lite plot`: the PNG (default WORKDIR/metrics.png for one run, ./metrics.png for
     several); prints where it went."""
-    from t5lite import plot
+    from t5lite.monitor import plot
     out = output or (os.path.join(workdirs[0], "metrics.png") if len(workdirs) == 1
                      else "metrics.png")
     plot.plot_runs(workdirs, out, size=size, labels=labels)
@@ -83,7 +83,7 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
                     do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
     """`t5lite compile`: one report (or a search) for a config on a TPU topology, as JSON
     (one object on stdout) or text."""
-    from t5lite import aot
+    from t5lite.tpu import aot
     from t5lite import config as config_lib
     topo = aot.parse_topology(topology)
     aot.require_libtpu()
@@ -121,7 +121,7 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
 def eval_command(checkpoint: str, task: str, split: str = "validation", max_examples: int = 0,
                  overrides: Sequence[str] = ()) -> dict:
     """`t5lite eval`: print a table of the task's metrics for the checkpoint."""
-    from t5lite import evaluation
+    from t5lite.eval import evaluation
     cfg, model, params = evaluation.load(checkpoint, overrides)
     t0 = time.time()
     metrics = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split,
@@ -144,7 +144,7 @@ def fewshot_command(checkpoint: str, task: str, shots: int, split: str = "valida
                     scoring: str = "rank", context_length: int = 0,
                     overrides: Sequence[str] = (), data_dir: Optional[str] = None) -> dict:
     """`t5lite eval --shots K`: print the in-context accuracy of a checkpoint on a task."""
-    from t5lite import evaluation, fewshot
+    from t5lite.eval import evaluation, fewshot
     cfg, model, params = evaluation.load(checkpoint, overrides)
     if cfg.model.architecture == "encoder_only":
         raise UserError("few-shot prompting needs a generative model (GPT / T5), not an "
@@ -246,7 +246,7 @@ def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
                   overrides: Sequence[str] = (), prefix: str = "") -> list[dict]:
     """`t5lite infer`: one JSON line per input line (evaluation.infer's records) to
     ``output_path`` or stdout; ``input_path`` "-" reads stdin."""
-    from t5lite import evaluation
+    from t5lite.eval import evaluation
     import t5lite.tasks  # noqa: F401
     _check_output(output_path)  # before loading and decoding: a mistake costs nothing
     lines = _read_lines(input_path)
@@ -269,7 +269,8 @@ def infer_command(checkpoint: str, input_path: str, output_path: str = "-",
 def import_hf_command(src: str, dst: str) -> None:
     """`t5lite convert import SRC DST`: HF dir -> params-only checkpoint dir."""
     import jax
-    from t5lite import checkpointing, convert
+    from t5lite import convert
+    from t5lite.store import checkpointing
     cfg, params = convert.hf_to_t5lite(src)
     checkpointing.save_params_dir(dst, cfg, params)
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
@@ -280,7 +281,9 @@ def import_hf_command(src: str, dst: str) -> None:
 
 def export_hf_command(src: str, dst: str) -> None:
     """`t5lite convert export SRC DST`: params-only dir / workdir / step dir -> HF dir."""
-    from t5lite import checkpointing, convert, progress
+    from t5lite import convert
+    from t5lite.monitor import progress
+    from t5lite.store import checkpointing
     with progress.quiet_absl():
         cfg, params = checkpointing.load_params(src)
     p = cfg.model.peft
@@ -299,8 +302,9 @@ def merge_lora_command(src: str, dst: str) -> None:
     a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
     infer and init_from."""
     import jax
-    from t5lite import checkpointing, progress
     from t5lite.models import peft
+    from t5lite.monitor import progress
+    from t5lite.store import checkpointing
 
     with progress.quiet_absl():
         cfg, params = checkpointing.load_params(src)

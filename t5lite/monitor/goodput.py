@@ -195,7 +195,7 @@ class RunClock:
         data = {"runs": self.runs + [self._this_run(step)],
                 "productive_at_step": {str(k): v for k, v in sorted(self.marks.items())},
                 "summary": self.summary(step)}
-        from t5lite import checkpointing  # the one temp-file + rename writer
+        from t5lite.store import checkpointing  # the one temp-file + rename writer
         checkpointing.write_atomic(self.path, json.dumps(data, indent=1))
 
     def report(self, step: int) -> str:

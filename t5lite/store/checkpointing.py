@@ -27,8 +27,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5lite import config as config_lib, progress
+from t5lite import config as config_lib
 from t5lite.errors import UserError
+from t5lite.monitor import progress
 
 log = logging.getLogger("t5lite")
 

@@ -1,0 +1,1 @@
+"""The `t5lite` command: flag parsing (main), what each verb does (commands), listings, quickstart."""

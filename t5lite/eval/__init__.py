@@ -1,0 +1,1 @@
+"""Using a trained model: decoding with a KV cache, seqio evaluation, inference, few-shot prompting."""

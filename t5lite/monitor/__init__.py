@@ -1,0 +1,1 @@
+"""Watching a run: metrics writers, goodput and the profiler, progress output, plots."""
