@@ -1,4 +1,4 @@
-"""BART's noising functions (t5lite/tasks/objectives.py, bart_denoising; Lewis et al. 2019,
+"""BART's noising functions (t5lite/tasks/objectives/bart.py, bart_denoising; Lewis et al. 2019,
 Section 2.2): each noise's statistics and exact semantics on distinct token ids (so every
 output token can be traced to its origin), the corpus_bart_* tasks on the test data dir, and
 the table4_bart ablation rows."""

@@ -3,7 +3,7 @@ the T5 baseline objective and each of BART's corruptions, on the same encoder-de
 table of the T5 paper: the BART rows have no published numbers here (their paper cells show
 "–"); only the baseline row carries the T5 paper's Table 1 numbers.
 
-Tasks corpus_bart_<noise> (t5lite/tasks/objectives.py, bart_denoising): text infilling (30%
+Tasks corpus_bart_<noise> (t5lite/tasks/objectives/bart.py, bart_denoising): text infilling (30%
 of tokens in Poisson(3)-length spans, each span one mask token, zero-length spans insert
 one), sentence permutation (split on the vocabulary's sentence-final pieces), token deletion
 (30%), document rotation, token masking (30%), and infilling + permutation (BART's final
