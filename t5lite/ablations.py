@@ -38,6 +38,7 @@ import time
 from typing import Optional, Sequence
 
 from t5lite import config as config_lib, pyfiles
+from t5lite.monitor import flops as flops_lib
 from t5lite.errors import UserError
 
 # ----------------------------------------------------------------------------- data
@@ -691,12 +692,6 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
 # ----------------------------------------------------------------------------- estimate
 
 
-def _stage_tokens_per_step(cfg) -> int:
-    """Tokens a training step reads: batch x the feature lengths the model consumes."""
-    lengths = cfg.data.feature_lengths
-    return cfg.data.batch_size * sum(int(v) for v in lengths.values())
-
-
 def _compile_json(stage: Stage, topology: str, cache: dict) -> dict:
     """`t5lite compile --json` (the TPU issue's AOT compile) for one stage, cached by config."""
     import subprocess
@@ -734,7 +729,7 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
         pre, fts = plan_row(table, row, "/estimate", tasks, scale, overrides)
         stages = ([pre] if pre else []) + ([] if row.multitask else fts)
         steps = sum(st.cfg.train.steps for st in stages) * seeds
-        tokens = sum(st.cfg.train.steps * _stage_tokens_per_step(st.cfg)
+        tokens = sum(st.cfg.train.steps * flops_lib.tokens_per_step(st.cfg)
                      for st in stages) * seeds
         entry = {"steps": steps, "tokens": tokens}
         if topology:

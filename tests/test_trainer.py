@@ -143,7 +143,7 @@ def test_update_that_overflows_the_params_stops_even_when_skipping_nan_steps(tmp
 
 
 def test_matmul_flops_counts_every_matmul_including_scanned_layers():
-    from t5lite.monitor import writers
+    from t5lite.monitor import flops
     import jax.numpy as jnp
 
     def f(x, w):
@@ -152,7 +152,7 @@ def test_matmul_flops_counts_every_matmul_including_scanned_layers():
         h, _ = jax.lax.scan(layer, x, w)  # 3 layers of [4, 8] @ [8, 8]
         return jnp.einsum("bd,bd->b", h, h)  # + 4 * 8 multiply-adds
     x, w = jnp.ones((4, 8)), jnp.ones((3, 8, 8))
-    assert writers.matmul_flops(f, x, w) == 3 * 2 * 4 * 8 * 8 + 2 * 4 * 8
+    assert flops.matmul_flops(f, x, w) == 3 * 2 * 4 * 8 * 8 + 2 * 4 * 8
     # the trainer's count for the tiny GPT: 3 x (2 x matmul params x tokens + attention)
     cfg = tiny_config()
     model = build_model(cfg.model)

@@ -13,7 +13,6 @@ import os
 import sys
 
 import jax
-import jax.extend as jex
 import numpy as np
 from etils import epath
 
@@ -38,32 +37,6 @@ def peak_flops_per_device(override: float = 0.0):
         if name.lower() in kind.lower():
             return PEAK_FLOPS[name]
     return None
-
-
-def dot_flops(eqn) -> int:
-    lhs, rhs = (v.aval for v in eqn.invars[:2])
-    (lc, _), (lb, _) = eqn.params["dimension_numbers"]
-    contract = math.prod(lhs.shape[d] for d in lc)
-    out = eqn.outvars[0].aval
-    return 2 * math.prod(out.shape) * contract
-
-
-def _jaxpr_matmul_flops(jaxpr) -> int:
-    total = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            total += dot_flops(eqn)
-        mult = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
-        for sub in jex.core.jaxprs_in_params(eqn.params):
-            total += mult * _jaxpr_matmul_flops(sub)
-    return total
-
-
-def matmul_flops(fn, *args, **kwargs) -> int:
-    """FLOPs of every matmul (dot_general) in fn's forward pass, counted from its jaxpr
-    (scanned layers multiplied by their length). Exact for any architecture and lengths."""
-    closed = jax.make_jaxpr(fn)(*args, **kwargs)
-    return _jaxpr_matmul_flops(closed.jaxpr)
 
 
 def _summary_writer_cls():

@@ -28,6 +28,7 @@ import os
 import re
 
 from t5lite.errors import UserError
+from t5lite.monitor import flops as flops_lib
 
 GiB = 1024 ** 3
 
@@ -528,23 +529,6 @@ def _split_tuple(text: str) -> list:
     return [s for s in re.split(r",\s*(?![^\[]*\])", text.strip("()")) if s]
 
 
-# ---------------------------------------------------------------------------- FLOPs
-
-
-def _matmul_flops(jaxpr) -> int:
-    """The jaxpr's matmul FLOPs, scan bodies times their length (remat recompute included)."""
-    from t5lite.monitor import writers
-    import jax.extend as jex
-    total = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            total += writers.dot_flops(eqn)
-        n = eqn.params["length"] if eqn.primitive.name == "scan" else 1
-        for sub in jex.core.jaxprs_in_params(eqn.params):
-            total += n * _matmul_flops(sub)
-    return total
-
-
 # ---------------------------------------------------------------------------- compile
 
 
@@ -556,14 +540,6 @@ def _leaf_bytes(tree) -> int:
         shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
         n += math.prod(shape) * x.dtype.itemsize
     return n
-
-
-def _tokens(cfg) -> int:
-    lengths = cfg.data.feature_lengths
-    per_row = {"encoder_decoder": lengths.get("inputs", 0) + lengths.get("targets", 0),
-               "encoder_only": lengths.get("inputs", 0)}.get(
-        cfg.model.architecture, sum(lengths.values()))
-    return cfg.data.batch_size * per_row
 
 
 def analytic_bytes(cfg, mesh: dict, params: int, opt_state: int) -> dict:
@@ -741,7 +717,7 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):  # older jax: one dict per program
         cost = cost[0]
-    full = _matmul_flops(traced.jaxpr.jaxpr)
+    full = flops_lib.jaxpr_matmul_flops(traced.jaxpr.jaxpr)
     # FLOPs, HBM bytes and the per-instruction roofline with every while loop's trip count,
     # read from the compiled HLO (XLA's cost_analysis counts a loop body once, and on TPU it
     # adds loops of its own: the collective matmuls of fsdp; its "bytes accessed" also counts
@@ -774,7 +750,7 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
         "remat": cfg.model.remat,
         "grad_accum_steps": cfg.train.grad_accum_steps,
         "batch_size": cfg.data.batch_size,
-        "tokens_per_step": _tokens(cfg),
+        "tokens_per_step": flops_lib.tokens_per_step(cfg),
         "bytes_per_chip": dict({"params": params, "opt_state": opt}, **mem_bytes),
         "analytic_bytes_per_chip": floor,
         "total_over_analytic": total / max(floor["total"], 1),
@@ -790,7 +766,7 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
         "roofline_seconds": times,
         "bound": _bound(times, hlo["op_seconds_hbm_bound"]),
         "est_step_seconds": est,
-        "est_tokens_per_s": _tokens(cfg) / est if est else 0.0,
+        "est_tokens_per_s": flops_lib.tokens_per_step(cfg) / est if est else 0.0,
         "est_mfu": model_per_chip / (est * chip.peak_flops) if est else 0.0,
         "compile_seconds": seconds,
     }
@@ -818,7 +794,7 @@ def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict
     return {"config": cfg.name, "topology": topo.name, "jax_topology": topo.jax_name,
             "chip": topo.chip.name, "chips": mesh.size, "mesh": dict(mesh.shape),
             "remat": cfg.model.remat, "grad_accum_steps": cfg.train.grad_accum_steps,
-            "batch_size": cfg.data.batch_size, "tokens_per_step": _tokens(cfg),
+            "batch_size": cfg.data.batch_size, "tokens_per_step": flops_lib.tokens_per_step(cfg),
             "compiled": False, "xla_error": msg.strip().splitlines()[0][:300],
             "bytes_per_chip": {"params": params, "opt_state": opt, "arguments": params + opt,
                                "outputs": 0, "aliased": 0, "temp": temp, "xla_temp": None,

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from t5lite.monitor import goodput, progress, writers
+from t5lite.monitor import flops as flops_lib, goodput, progress, writers
 from t5lite.store import checkpointing
 from t5lite.train import losses, optim, partitioning
 from t5lite import config as config_lib
@@ -233,8 +233,8 @@ def step_flops(cfg, model, mesh, abstract_params, batch_size) -> int:
     batch = dummy_batch(cfg.model, batch_size, cfg.data.feature_lengths)
     fwd = functools.partial(model.apply, deterministic=True)
     with partitioning.activate(mesh):
-        return 3 * writers.matmul_flops(lambda p, b: fwd({"params": p}, b), abstract_params,
-                                            batch)
+        return 3 * flops_lib.matmul_flops(lambda p, b: fwd({"params": p}, b), abstract_params,
+                                              batch)
 
 
 # ---------------------------------------------------------------------------- data
@@ -292,15 +292,6 @@ def dataset_iterator(cfg, split: str, shuffle: bool, num_epochs=None):
 
 def _to_numpy(batch) -> dict:
     return {k: np.asarray(v) for k, v in batch.items()}
-
-
-def _count_tokens(host_batch) -> int:
-    n = 0
-    for key in ("encoder_input_tokens", "decoder_target_tokens", "encoder_target_tokens"):
-        if key in host_batch and not (key == "encoder_target_tokens"
-                                      and "encoder_input_tokens" in host_batch):
-            n += int(np.count_nonzero(host_batch[key]))
-    return n * jax.process_count()
 
 
 # ---------------------------------------------------------------------------- loop
@@ -558,7 +549,7 @@ def _loop(cfg, mesh, model, tx, state, start, abstract, shardings, logger, ckpt,
         prof.after_step(step + 1, metrics)
         if pending is not None:  # read the previous step's metrics while this one runs
             flush(*pending)
-        pending = (step + 1, metrics, _count_tokens(host))
+        pending = (step + 1, metrics, flops_lib.batch_tokens(host) * jax.process_count())
         if ckpt.should_save(step + 1, total):
             flush(*pending)
             pending = None
