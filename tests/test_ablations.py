@@ -13,7 +13,7 @@ import pytest
 
 import train_helpers
 from t5lite import ablations
-from t5lite.cli.main import main
+from t5lite.cli import main as cli
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 

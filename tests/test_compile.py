@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from t5lite.cli.main import main
+from t5lite.cli import main as cli
 from t5lite.tpu import aot
 from t5lite import config as config_lib
 from t5lite.errors import UserError

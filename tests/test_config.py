@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from t5lite.cli.main import main
+from t5lite.cli import main as cli
 from t5lite.train import partitioning
 from t5lite import config as config_lib
 from t5lite.errors import UserError
@@ -97,7 +97,7 @@ def test_cli_imports_tensorflow_without_its_load_time_log_lines(tmp_path):
     import tasks_testdata
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env["T5LITE_DATA_DIR"] = tasks_testdata.make_data_dir(str(tmp_path / "d"))
-    code = "from t5lite import cli; cli.main(['tasks', 'list'])"
+    code = "from t5lite.cli import main as cli; cli.main(['tasks', 'list'])"
     proc = subprocess.run([sys.executable, "-c", code],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

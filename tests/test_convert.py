@@ -11,7 +11,7 @@ import torch
 
 import hf_fixtures as F
 from t5lite import convert
-from t5lite.cli.main import main
+from t5lite.cli import main as cli
 from t5lite.errors import UserError
 from t5lite.store.checkpointing import load_params
 

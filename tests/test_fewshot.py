@@ -112,7 +112,7 @@ def test_long_prompts_keep_the_query():
 
 
 def test_eval_shots_command_on_a_tiny_gpt(data_dir, tmp_path, capsys):
-    from t5lite.cli.main import main
+    from t5lite.cli import main as cli
     from t5lite.train import trainer
     cfg = config_lib.Config(name="tiny_fewshot")
     m = cfg.model

@@ -142,7 +142,7 @@ def _png(path):
 
 
 def test_plot_writes_a_png_of_the_asked_size_with_curves(tmp_path):
-    from t5lite.cli.main import main
+    from t5lite.cli import main as cli
     a, b = str(tmp_path / "ablate" / "rate10" / "pretrain"), str(
         tmp_path / "ablate" / "rate50" / "pretrain")
     _fake_run(a)
@@ -200,7 +200,7 @@ def _all_actions(parser, prefix="t5lite"):
 
 
 def test_every_cli_argument_has_help_and_choices_where_fixed(capsys):
-    from t5lite.cli.main import main
+    from t5lite.cli import main as cli
     parser = cli.build_parser()
     missing = [f"{cmd} {a.dest}" for cmd, a in _all_actions(parser)
                if not (a.help or "").strip()]
@@ -219,7 +219,7 @@ def test_every_cli_argument_has_help_and_choices_where_fixed(capsys):
 
 
 def test_train_print_config_shows_the_resolved_config_and_trains_nothing(tmp_path, capsys):
-    from t5lite.cli.main import main
+    from t5lite.cli import main as cli
     assert cli.main(["train", "--config", "quickstart", "--set", "train.steps=7",
                      "--print-config"]) == 0
     cfg = config_lib.from_dict(json.loads(capsys.readouterr().out))
@@ -258,7 +258,7 @@ def test_listings_say_which_task_data_is_prepared(tmp_path, monkeypatch):
 def test_convert_export_of_a_lora_run_names_merge_lora_which_works(tmp_path, capsys):
     import flax.linen as nn
     import jax
-    from t5lite.cli.main import main
+    from t5lite.cli import main as cli
     from t5lite.models import build_model, dummy_batch
     from t5lite.store import checkpointing
     from t5lite.store.checkpointing import load_params
@@ -294,7 +294,7 @@ def test_cached_task_trains_from_the_same_examples(data_dir, tmp_path, task, len
     gives the examples preprocessing on the fly gives (the same batches from one shard; seqio
     interleaves several)."""
     import seqio
-    from t5lite.cli.main import main
+    from t5lite.cli import main as cli
     from t5lite.tasks import pipeline
     cache_dir = str(tmp_path / "cache")
     cfg = config_lib.Config()

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from t5lite.cli.main import main
+from t5lite.cli import main as cli
 from train_helpers import enable_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,11 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from t5lite.errors import UserError
-
-
-def format_table(rows: Sequence[tuple[str, str]]) -> str:
-    w = max(len(r[0]) for r in rows)
-    return "\n".join(f"{a.ljust(w)}  {b}" for a, b in rows)
+from t5lite.text_table import format_table
 
 
 # ----------------------------------------------------------------------------- train, compile, ...
@@ -134,7 +130,7 @@ def eval_command(checkpoint: str, task: str, split: str = "validation", max_exam
            + f" max_length={d.max_length}")
     if cfg.model.num_classes > 0:
         how = "argmax of the classification head"
-    print(format_table(rows))
+    print(format_table(rows, header=False))
     print(f"({checkpoint}, split={split}, {how}, {time.time() - t0:.1f}s)")
     return metrics
 
@@ -175,7 +171,7 @@ def fewshot_command(checkpoint: str, task: str, shots: int, split: str = "valida
                                        shots, tmpl, words, scoring, seed=cfg.decode.seed)
     metrics.pop("predictions")
     rows = [("metric", "value")] + [(k, f"{v:.2f}") for k, v in sorted(metrics.items())]
-    print(format_table(rows))
+    print(format_table(rows, header=False))
     print(f"({checkpoint}, split={split}, {shots}-shot, scoring={scoring}, "
           f"template={tmpl.prompt!r}, label words={words}, context={length} tokens, "
           f"{len(examples)} examples, {time.time() - t0:.1f}s)")

@@ -7,6 +7,8 @@ Whether a task's data is prepared is a file check (dataprep.is_prepared).
 
 from __future__ import annotations
 
+from t5lite.text_table import format_table
+
 
 def dataset_names() -> list[str]:
     from t5lite import dataprep
@@ -34,9 +36,5 @@ def tasks_table() -> str:
 
     table = [["name", "kind", "features", "vocabulary", "metrics / members", "data"]]
     table += [r.cells() + [data(r.needs) if r.needs else "-"] for r in task_catalog.rows()]
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(f"data: prepared under {dataprep.data_dir()}; build what is missing with "
-                 "`t5lite data prepare NAME ...`.")
-    return "\n".join(lines)
+    return (format_table(table) + f"\ndata: prepared under {dataprep.data_dir()}; build what "
+            "is missing with `t5lite data prepare NAME ...`.")

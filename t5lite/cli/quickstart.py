@@ -18,6 +18,7 @@ import time
 from etils import epath
 
 from t5lite import config as config_lib
+from t5lite.text_table import format_table
 
 FAST_PRETRAIN = ["train.steps=16", "data.batch_size=16", "checkpoint.every_steps=16",
                  "train.eval_steps=1", "train.eval_every=0", "train.log_every=4"]
@@ -124,12 +125,12 @@ def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = Tr
                "finetune_seconds": t_ft, "total_seconds": time.time() - t0}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(commands.format_table([
+    print(format_table([
         ("quickstart", "result"),
         ("pretrain loss (span corruption)", f"{first:.2f} -> {last:.2f}"),
         (f"sentiment {split} accuracy", f"{summary['finetune_accuracy']:.1f}%"),
         (f"majority class ({label})", f"{majority:.1f}%"),
         ("time", f"{summary['total_seconds'] / 60:.1f} min (pretrain {t_pre / 60:.1f}, "
                  f"finetune {t_ft / 60:.1f})"),
-        ("best finetuned params", os.path.join(ft_dir, "best"))]))
+        ("best finetuned params", os.path.join(ft_dir, "best"))], header=False))
     return summary

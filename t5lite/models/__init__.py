@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.errors import UserError
+from t5lite.text_table import format_table
 from t5lite.models import peft
 from t5lite.models.architectures import ARCHITECTURES
 from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
@@ -215,13 +216,10 @@ def param_count_table(names=None) -> str:
         pub_s = f"{pub / 1e6:.1f}M ({100 * (body - pub) / pub:+.2f}%)" if pub else ""
         rows.append((name, cfg.architecture, str(cfg.d_model), n_layers, _human(total),
                      _human(body), pub_s))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("params: every trainable parameter. w/o heads: without task heads (BERT MLM "
-                 "transform + output bias, NSP, classifier), i.e. BertModel with pooler; "
-                 "T5 and GPT-2 count their (tied or untied) LM head.")
-    return "\n".join(lines)
+    return format_table(rows) + (
+        "\nparams: every trainable parameter. w/o heads: without task heads (BERT MLM "
+        "transform + output bias, NSP, classifier), i.e. BertModel with pooler; "
+        "T5 and GPT-2 count their (tied or untied) LM head.")
 
 
 def _human(n: int) -> str:

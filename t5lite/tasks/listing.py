@@ -5,6 +5,7 @@ from __future__ import annotations
 import seqio
 
 from t5lite.tasks import pipeline
+from t5lite.text_table import format_table
 
 DEFAULT_LENGTHS = {"inputs": 128, "targets": 128}
 
@@ -13,13 +14,6 @@ def _vocab_name(vocab) -> str:
     """The model file or class name; never loads the vocabulary (its file may be missing)."""
     path = getattr(vocab, "_rel_path", None) or getattr(vocab, "_sentencepiece_model_file", None)
     return path.rsplit("/", 1)[-1] if path else type(vocab).__name__
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _needs(task) -> list[str]:
@@ -62,7 +56,7 @@ def task_rows() -> list[dict]:
 
 def list_tasks() -> str:
     """One row per task (features, vocabulary, metrics) and per mixture (members)."""
-    return _table([["name", "kind", "features", "vocabulary", "metrics / members"]]
+    return format_table([["name", "kind", "features", "vocabulary", "metrics / members"]]
                   + [r["cells"] for r in task_rows()])
 
 
