@@ -37,7 +37,8 @@ import shlex
 import time
 from typing import Optional, Sequence
 
-from t5lite import config as config_lib, pyfiles
+from t5lite import config as config_lib
+from t5lite.config import python_files
 from t5lite.monitor import flops as flops_lib
 from t5lite.errors import UserError
 
@@ -343,7 +344,7 @@ def load_table(name: str) -> Table:
     if not os.path.isfile(path):
         raise UserError(f"no ablation table {name!r}." + _did_you_mean(name, table_names())
                         + f" Tables: {', '.join(table_names())} (`t5lite ablate --list`).")
-    module = pyfiles.load(path, "t5lite_ablation_" + os.path.basename(path)[:-3])
+    module = python_files.load(path, "t5lite_ablation_" + os.path.basename(path)[:-3])
     if not isinstance(getattr(module, "TABLE", None), Table):
         raise UserError(f"{path} must define TABLE = t5lite.ablations.Table(...)")
     return module.TABLE

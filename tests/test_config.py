@@ -36,6 +36,23 @@ def test_unknown_key_suggests_the_right_one():
         config_lib.load_config("quickstart", ["train.step=3"])
 
 
+def test_a_misspelt_field_in_a_config_file_fails_at_its_line(tmp_path):
+    """Assigning a field that does not exist (a typo) in get_config() is an error, not a new
+    attribute nobody reads; it names the file and line and suggests the field."""
+    file = tmp_path / "typo.py"
+    file.write_text("from t5lite.config import Config\n\n\ndef get_config():\n"
+                    "    cfg = Config()\n    cfg.train.stpes = 20\n    return cfg\n")
+    with pytest.raises(UserError, match=r"typo.py:6: unknown config key 'train.stpes'. "
+                                        r"Did you mean: train.steps"):
+        config_lib.load_config(str(file))
+    file.write_text(file.read_text().replace("cfg.train.stpes = 20",
+                                             "cfg.model.peft.lora_rnak = 4"))
+    with pytest.raises(UserError, match="Did you mean: model.peft.lora_rank"):
+        config_lib.load_config(str(file))
+    with pytest.raises(UserError, match="unknown config key 'trian'. Did you mean: train"):
+        config_lib.Config().trian = None
+
+
 def test_bad_values_are_user_errors():
     with pytest.raises(UserError, match="train.steps must be an integer"):
         config_lib.load_config("quickstart", ["train.steps=many"])

@@ -36,29 +36,9 @@ def _model_cfg(cfg):
 
 
 def check(cfg) -> None:
-    """Model-specific config errors, with what to do about them (single fields:
-    config.check_fields)."""
+    """Model config errors, with what to do about them (the rules: config.rules.check_model)."""
     from t5lite import config as config_lib
-    config_lib.check_fields(cfg, "model")
-    if cfg.shared_encoder_decoder and cfg.architecture != "encoder_decoder":
-        raise UserError("model.shared_encoder_decoder=True needs architecture=encoder_decoder.")
-    if cfg.shared_encoder_decoder and cfg.num_encoder_layers != cfg.num_decoder_layers:
-        raise UserError("model.shared_encoder_decoder=True needs num_encoder_layers == "
-                        "num_decoder_layers (one set of layer weights).")
-    if cfg.num_classes > 0 and cfg.architecture == "encoder_decoder":
-        raise UserError("model.num_classes>0 is for encoder_only / decoder_only models; T5 "
-                        "classifies by generating the label text (set num_classes=0).")
-    if cfg.sbo_head and (cfg.architecture != "encoder_only" or cfg.sbo_max_span_length < 1):
-        raise UserError("model.sbo_head (SpanBERT) is a BERT head: use architecture="
-                        "encoder_only and model.sbo_max_span_length >= 1.")
-    if (cfg.num_token_classes > 0 or cfg.span_head) and cfg.architecture != "encoder_only":
-        raise UserError("model.num_token_classes / model.span_head are BERT heads: use "
-                        "architecture=encoder_only (T5 tags or extracts spans as text).")
-    peft.check(cfg)
-    if cfg.position == "rope" and cfg.head_dim % 2:
-        raise UserError(f"position=rope needs an even head_dim, got {cfg.head_dim}.")
-    if cfg.position == "sinusoidal" and cfg.d_model % 2:
-        raise UserError(f"position=sinusoidal needs an even d_model, got {cfg.d_model}.")
+    config_lib.check_model(cfg)
 
 
 def build_model(cfg) -> nn.Module:

@@ -52,16 +52,10 @@ def enabled(mcfg) -> bool:
 
 
 def check(mcfg) -> None:
-    """PEFT config errors, with what to do (mcfg: ModelConfig)."""
-    p = mcfg.peft
-    for name in ("lora_rank", "prompt_tokens", "prefix_tokens", "adapter_dim"):
-        if getattr(p, name) < 0:
-            raise UserError(f"model.peft.{name} must be >= 0, got {getattr(p, name)}")
-    if p.lora_rank and not p.lora_targets:
-        raise UserError("model.peft.lora_rank>0 needs model.peft.lora_targets, e.g. "
-                        "query,value (names of dense layers: query key value out wi wo ...)")
-    if p.unfreeze_every < 0 or p.unfreeze_layers < 1:
-        raise UserError("model.peft.unfreeze_every must be >= 0 and unfreeze_layers >= 1")
+    """PEFT config errors, with what to do (mcfg: ModelConfig; the rules:
+    config.rules.check_peft)."""
+    from t5lite import config as config_lib
+    config_lib.check_peft(mcfg)
 
 
 # ============================================================================ model hooks

@@ -10,7 +10,8 @@ from typing import Mapping, Optional
 import seqio
 import tensorflow as tf
 
-from t5lite import dataprep, pyfiles
+from t5lite import dataprep
+from t5lite.config import python_files
 from t5lite.errors import UserError
 from t5lite.tasks import converters
 
@@ -20,8 +21,8 @@ def import_task_modules(modules) -> None:
     for name in modules:
         try:
             if name.endswith(".py"):
-                pyfiles.load(os.path.abspath(name), "t5lite_user_tasks_"
-                             + os.path.splitext(os.path.basename(name))[0], keep=True)
+                python_files.load(os.path.abspath(name), "t5lite_user_tasks_"
+                                  + os.path.splitext(os.path.basename(name))[0], keep=True)
             else:
                 if os.getcwd() not in sys.path:
                     sys.path.insert(0, os.getcwd())

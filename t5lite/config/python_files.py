@@ -1,4 +1,4 @@
-"""Python files run as modules: config files (config.py), ablation tables (ablations.py) and
+"""Python files run as modules: config files (config/files.py), ablation tables (ablations) and
 the user's task modules (tasks/pipeline.py)."""
 
 from __future__ import annotations

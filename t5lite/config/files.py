@@ -1,0 +1,149 @@
+"""Config files and their round trips: load ``configs/*.py`` (``get_config() -> Config``) with
+dotted ``--set`` overrides, and the dict form saved beside checkpoints (to_dict / from_dict,
+with LEGACY_VALUES for fields added after a config was saved).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+
+from t5lite.config import python_files
+from t5lite.config.dotted import copy_config, set_by_path
+from t5lite.config.rules import validate
+from t5lite.config.schema import Config, UnknownKeyError
+from t5lite.errors import UserError
+
+
+def configs_dir() -> str:
+    """The repository's configs/ folder (also found when running from an installed copy)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(here, "configs")
+
+
+def resolve_config_path(path: str) -> str:
+    """Accept 'configs/x.py', an absolute path, or a bare name like 'quickstart'."""
+    candidates = [path, os.path.join(configs_dir(), path),
+                  os.path.join(configs_dir(), path + ".py")]
+    if path.startswith("configs/"):
+        candidates.append(os.path.join(configs_dir(), path[len("configs/"):]))
+    for c in candidates:
+        if os.path.isfile(c):
+            return c
+    known = sorted(available_configs())
+    hint = difflib.get_close_matches(os.path.basename(path).removesuffix(".py"), known, n=3)
+    raise UserError(f"config file {path!r} not found."
+                    + (f" Did you mean: {', '.join(hint)}?" if hint else "")
+                    + " Run `t5lite models` to list the configs.")
+
+
+def available_configs() -> list[str]:
+    """Names of config files under configs/ (recursively), without '.py'."""
+    names = []
+    root = configs_dir()
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py") and not f.startswith("_"):
+                rel = os.path.relpath(os.path.join(dirpath, f), root)
+                names.append(rel[:-3])
+    return names
+
+
+def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
+    """Load ``get_config()`` from a config file and apply ``key=value`` overrides."""
+    file = resolve_config_path(path)
+    try:
+        module = python_files.load(file, "t5lite_config_" + os.path.basename(file)[:-3])
+        if not hasattr(module, "get_config"):
+            raise UserError(f"{file} must define get_config() returning t5lite.config.Config.")
+        cfg = module.get_config()
+    except UnknownKeyError as e:  # a misspelt field assigned in the file: say where
+        raise UserError(f"{_error_location(e, file)}: {e} Fix the config file there.") from None
+    except UserError:
+        raise
+    except SyntaxError as e:
+        raise UserError(f"{e.filename or file}:{e.lineno}: syntax error in the config file: "
+                        f"{e.msg}. Fix that line.") from None
+    except Exception as e:  # noqa: BLE001 - NameError, ImportError ... inside the config file
+        raise UserError(f"{_error_location(e, file)}: {type(e).__name__}: {e}. Fix the config "
+                        "file there.") from None
+    if not isinstance(cfg, Config):
+        raise UserError(f"get_config() in {file} returned {type(cfg).__name__}, not Config.")
+    cfg = apply_overrides(cfg, overrides)
+    validate(cfg)
+    return cfg
+
+
+def cpu_recipe(base: str, name: str, steps: int, every: int, log_every: int = 10) -> Config:
+    """What the configs/tiny_*.py runs share (a few minutes on a laptop CPU): config `base`
+    (a model config), AdamW (50 warmup steps, weight decay 0.01), batch 32, no z-loss,
+    `steps` steps, an eval and a checkpoint every `every` steps. The caller sets the task,
+    lengths, learning rate and schedule."""
+    cfg = load_config(base)
+    cfg.name = name
+    cfg.data.batch_size = 32
+    cfg.optim.name, cfg.optim.warmup_steps, cfg.optim.weight_decay = "adamw", 50, 0.01
+    cfg.train.steps, cfg.train.z_loss, cfg.train.log_every = steps, 0.0, log_every
+    cfg.train.eval_every = cfg.checkpoint.every_steps = every
+    return cfg
+
+
+def _error_location(err: BaseException, file: str) -> str:
+    """'path:line' of the innermost traceback frame inside a config file (the one named, or a
+    config file it imports), else the file."""
+    import traceback
+    frames = traceback.extract_tb(err.__traceback__)
+    root = os.path.dirname(os.path.abspath(file))
+    inside = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(file)
+              or os.path.abspath(f.filename).startswith(configs_dir() + os.sep)
+              or os.path.dirname(os.path.abspath(f.filename)) == root]
+    if inside:
+        return f"{inside[-1].filename}:{inside[-1].lineno}"
+    return file
+
+
+def apply_overrides(cfg: Config, overrides: typing.Sequence[str]) -> Config:
+    """A copy of ``cfg`` with ``section.field=value`` strings applied (not validated)."""
+    cfg = copy_config(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"override {item!r} must look like section.field=value, "
+                            "e.g. train.steps=100")
+        key, raw = item.split("=", 1)
+        set_by_path(cfg, key.strip(), raw.strip())
+    return cfg
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+# Fields whose value for a config saved before they existed is not today's default (what
+# that config trained with): from_dict and workdir.config_diff read a missing key as this.
+LEGACY_VALUES = {"model.flat_kernels": False}
+
+
+def from_dict(d: dict) -> Config:
+    """Inverse of to_dict (used to reload the config saved next to a checkpoint)."""
+    cfg = Config()
+    seen = set()
+    for section, values in d.items():
+        if section == "name":
+            cfg.name = values
+            continue
+        for k, v in flatten(values).items():
+            set_by_path(cfg, f"{section}.{k}", tuple(v) if isinstance(v, list) else v)
+            seen.add(f"{section}.{k}")
+    for key, value in LEGACY_VALUES.items():
+        if key not in seen:
+            set_by_path(cfg, key, value)
+    return cfg
+
+
+def flatten(d: dict) -> dict:
+    """A config dict (to_dict's) -> {"section.key": value}; feature_lengths stays one value."""
+    from flax import traverse_util  # here: importing flax (and jax) would slow `t5lite models`
+    return traverse_util.flatten_dict(
+        d, sep=".", is_leaf=lambda path, _: bool(path) and path[-1] == "feature_lengths")
