@@ -161,18 +161,18 @@ def _task_features_converter():
     return TaskFeatures()
 
 
-def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int,
-                   log_dir: str = "", step: Optional[int] = None) -> dict:
-    """seqio.Evaluator's metrics; with log_dir, seqio's JSONLogger also writes every example's
-    inputs, target and prediction to log_dir/<task>-<step>.jsonl (and metrics per step)."""
+def _make_evaluator(cfg, task_name: str, split: str, max_examples: int, log_dir: str):
+    """seqio.Evaluator for ``task_name``'s ``split`` (UserError if it has no such split or no
+    metrics) and the task's subtasks."""
     import seqio
+    from absl import logging as absl_logging
+
     from t5lite.tasks import pipeline
     provider = pipeline.get_mixture_or_task(task_name)
     if split not in provider.splits:
         raise UserError(f"{task_name!r} has no split {split!r}; it has "
                         f"{', '.join(provider.splits)}.")
     subtasks = seqio.get_subtasks(provider)
-    from absl import logging as absl_logging
     verbosity = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.ERROR)  # seqio warns when lengths have slack
     try:
@@ -192,29 +192,46 @@ def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int
     if not evaluator.eval_tasks:
         raise UserError(f"{task_name!r} has no metric_fns for split {split!r}: nothing to "
                         "evaluate. Pick a finetuning task (see `t5lite tasks list`).")
+    return evaluator, subtasks
 
-    def examples(ds):
-        idx, ins, tgts = [], [], []
-        for i, ex in ds.as_numpy_iterator():
-            idx.append(int(i))
-            ins.append(ex["inputs"].tolist() if "inputs" in ex else [])
-            tgts.append(ex["targets"].tolist())
-        return idx, ins, tgts
 
-    def answer_fn(ids):  # self-consistency votes on the task's postprocessed answers
-        task = subtasks[0] if len(subtasks) == 1 else None
-        if task is None:
-            return ids
+def _examples(ds) -> tuple[list, list, list]:
+    """(index, input ids, target ids) of each example of seqio's indexed eval dataset."""
+    idx, ins, tgts = [], [], []
+    for i, ex in ds.as_numpy_iterator():
+        idx.append(int(i))
+        ins.append(ex["inputs"].tolist() if "inputs" in ex else [])
+        tgts.append(ex["targets"].tolist())
+    return idx, ins, tgts
+
+
+def _answer_fn(subtasks):
+    """What self-consistency votes on: the task's postprocessed answer (a single task) or the
+    raw ids (a mixture: no one postprocessor)."""
+    if len(subtasks) != 1:
+        return lambda ids: ids
+    task = subtasks[0]
+
+    def answer(ids):
         text = task.output_features["targets"].vocabulary.decode(list(ids))
         post = task.postprocess_fn
         return post(text, example=None, is_target=False) if post else text
+    return answer
+
+
+def _seqio_metrics(cfg, predictor, task_name: str, split: str, max_examples: int,
+                   log_dir: str = "", step: Optional[int] = None) -> dict:
+    """seqio.Evaluator's metrics; with log_dir, seqio's JSONLogger also writes every example's
+    inputs, target and prediction to log_dir/<task>-<step>.jsonl (and metrics per step)."""
+    evaluator, subtasks = _make_evaluator(cfg, task_name, split, max_examples, log_dir)
+    answer_fn = _answer_fn(subtasks)
 
     def predict_fn(ds, model_feature_shapes=None):
-        idx, ins, _ = examples(ds)
+        idx, ins, _ = _examples(ds)
         return list(zip(idx, predictor.predict(ins, answer_fn)[0]))
 
     def score_fn(ds, model_feature_shapes=None):
-        idx, ins, tgts = examples(ds)
+        idx, ins, tgts = _examples(ds)
         return list(zip(idx, predictor.score(ins, tgts)))
 
     metrics_future, _ = evaluator.evaluate(compute_metrics=True, predict_fn=predict_fn,
@@ -299,9 +316,9 @@ class TrainEvaluator:
     def __init__(self, cfg, model, workdir: str, mesh, logger=None):
         self.cfg, self.model, self.mesh, self.logger = cfg, model, mesh, logger
         from etils import epath
-        from t5lite.store import checkpointing
-        # workdirs may be local or gs://: file I/O through epath (see checkpointing.abspath)
-        self.best_dir = epath.Path(checkpointing.abspath(workdir)) / "best"
+        from t5lite.store import checkpointing, paths
+        # workdirs may be local or gs://: file I/O through epath (see store.paths.abspath)
+        self.best_dir = epath.Path(paths.abspath(workdir)) / "best"
         kept = checkpointing.read_metadata(str(self.best_dir), "metrics.json")
         # resumed run: beat the best kept so far
         self.best = None if kept is None else kept.get(cfg.eval.best_metric)

@@ -21,6 +21,7 @@ import jax
 from etils import epath
 
 from t5lite.errors import UserError
+from t5lite.store import paths
 
 PHASES = ("startup", "compile", "step", "data", "checkpoint", "eval", "lost")
 GOODPUT_FILE = "goodput.json"
@@ -195,8 +196,7 @@ class RunClock:
         data = {"runs": self.runs + [self._this_run(step)],
                 "productive_at_step": {str(k): v for k, v in sorted(self.marks.items())},
                 "summary": self.summary(step)}
-        from t5lite.store import checkpointing  # the one temp-file + rename writer
-        checkpointing.write_atomic(self.path, json.dumps(data, indent=1))
+        paths.write_atomic(self.path, json.dumps(data, indent=1))
 
     def report(self, step: int) -> str:
         s = self.summary(step)

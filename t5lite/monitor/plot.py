@@ -80,49 +80,46 @@ def _figure(width: int, height: int, rows: int, cols: int):
     return plt, fig, axes
 
 
-def plot_runs(workdirs: Sequence[str], output: str, size: str = "1400x900",
-              labels: Sequence[str] = ()) -> str:
-    """Render the runs' curves into one PNG at `output` (size WxH pixels) -> output."""
-    if not workdirs:
-        raise UserError("`t5lite plot` needs at least one workdir.")
-    width, height = parse_size(size)
-    runs = [read_metrics(w) for w in workdirs]
-    labels = list(labels) or run_labels(workdirs)
-    plt, fig, axes = _figure(width, height, 2, 2)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+def _plot_curves(ax, train, ev, key, color, label) -> None:
+    """A training metric per step (noisy values faint under their moving average) and its
+    eval points."""
+    x, y = _series(train, key)
+    if x:
+        smooth = len(x) > 20
+        if smooth:
+            ax.plot(x, y, color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(x, _smooth(y, max(3, len(y) // 25) | 1) if smooth else y, color=color,
+                linewidth=1.8, label=f"{label} train")
+    x, y = _series(ev, key)
+    if x:
+        ax.plot(x, y, color=color, linestyle="--", marker="o", markersize=4,
+                label=f"{label} eval")
+
+
+def _plot_run(axes, run, label, color, task_keys, many_runs: bool) -> None:
+    """One run's loss, accuracy, learning rate and task metrics onto the four panels."""
     ax_loss, ax_acc, ax_lr, ax_task = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
-    task_keys = sorted({k for run in runs for r in run.get("eval_tasks", ())
-                        for k in r if "/" in k})
+    train, ev = run.get("train", []), run.get("eval", [])
+    _plot_curves(ax_loss, train, ev, "loss", color, label)
+    _plot_curves(ax_acc, train, ev, "accuracy", color, label)
+    x, y = _series(train, "lr")
+    if x:
+        ax_lr.plot(x, y, color=color, linewidth=1.8, label=label)
     styles = ["-", "--", ":", "-."]
-    for i, (run, label) in enumerate(zip(runs, labels)):
-        c = colors[i % len(colors)]
-        train, ev = run.get("train", []), run.get("eval", [])
-        for ax, key in ((ax_loss, "loss"), (ax_acc, "accuracy")):
-            x, y = _series(train, key)
-            if x:
-                smooth = len(x) > 20
-                if smooth:  # noisy per-step values faint, their moving average on top
-                    ax.plot(x, y, color=c, alpha=0.25, linewidth=0.8)
-                ax.plot(x, _smooth(y, max(3, len(y) // 25) | 1) if smooth else y, color=c,
-                        linewidth=1.8,
-                        label=f"{label} train")
-            x, y = _series(ev, key)
-            if x:
-                ax.plot(x, y, color=c, linestyle="--", marker="o", markersize=4,
-                        label=f"{label} eval")
-        x, y = _series(train, "lr")
+    for j, key in enumerate(task_keys):
+        x, y = _series(run.get("eval_tasks", []), key)
         if x:
-            ax_lr.plot(x, y, color=c, linewidth=1.8, label=label)
-        for j, key in enumerate(task_keys):
-            x, y = _series(run.get("eval_tasks", []), key)
-            if x:
-                ax_task.plot(x, y, color=c, linestyle=styles[j % len(styles)], marker="o",
-                             markersize=4, label=f"{label} {key}" if len(task_keys) > 1 or
-                             len(runs) > 1 else key)
-    titles = ((ax_loss, "loss", "cross entropy"), (ax_acc, "token accuracy", "accuracy"),
-              (ax_lr, "learning rate", "lr"),
-              (ax_task, "task metrics (evaluation during training)", "value"))
+            ax_task.plot(x, y, color=color, linestyle=styles[j % len(styles)], marker="o",
+                         markersize=4, label=f"{label} {key}" if len(task_keys) > 1 or
+                         many_runs else key)
+
+
+def _finish_axes(axes) -> None:
+    """Titles, labels and legends; an empty panel says so instead of showing blank axes."""
     from matplotlib.ticker import MaxNLocator
+    titles = ((axes[0, 0], "loss", "cross entropy"), (axes[0, 1], "token accuracy", "accuracy"),
+              (axes[1, 0], "learning rate", "lr"),
+              (axes[1, 1], "task metrics (evaluation during training)", "value"))
     for ax, title, ylabel in titles:
         ax.set_title(title)
         if ax.lines:
@@ -136,7 +133,24 @@ def plot_runs(workdirs: Sequence[str], output: str, size: str = "1400x900",
             ax.set_yticks([])
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes,
                     color="gray", fontsize=12)
-    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    axes[1, 0].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+
+
+def plot_runs(workdirs: Sequence[str], output: str, size: str = "1400x900",
+              labels: Sequence[str] = ()) -> str:
+    """Render the runs' curves into one PNG at `output` (size WxH pixels) -> output."""
+    if not workdirs:
+        raise UserError("`t5lite plot` needs at least one workdir.")
+    width, height = parse_size(size)
+    runs = [read_metrics(w) for w in workdirs]
+    labels = list(labels) or run_labels(workdirs)
+    plt, fig, axes = _figure(width, height, 2, 2)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    task_keys = sorted({k for run in runs for r in run.get("eval_tasks", ())
+                        for k in r if "/" in k})
+    for i, (run, label) in enumerate(zip(runs, labels)):
+        _plot_run(axes, run, label, colors[i % len(colors)], task_keys, len(runs) > 1)
+    _finish_axes(axes)
     fig.suptitle(", ".join(labels) if len(labels) <= 4 else f"{len(labels)} runs",
                  fontsize=14)
     fig.tight_layout()

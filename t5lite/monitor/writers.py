@@ -16,27 +16,16 @@ import jax
 import numpy as np
 from etils import epath
 
-# Dense bf16 peak FLOP/s per device (vendor data sheets). MFU = achieved model FLOP/s / peak.
-PEAK_FLOPS = {
-    "TPU v2": 45e12, "TPU v3": 123e12, "TPU v4": 275e12, "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12, "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12, "TPU7x": 2307e12,
-    "H100": 989e12, "H200": 989e12, "H800": 989e12, "B200": 2250e12, "GH200": 989e12,
-    "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-    "V100": 125e12, "T4": 65e12,
-}
+from t5lite.tpu import topology
 
 
 def peak_flops_per_device(override: float = 0.0):
-    """Peak FLOP/s of one local device, or None when unknown (CPUs: no honest single number;
-    pass train.peak_flops to get an MFU against a peak you choose)."""
+    """Peak FLOP/s of one local device (tpu.topology's chip table), or None when unknown (CPUs:
+    no honest single number; pass train.peak_flops to get an MFU against a peak you choose).
+    MFU = achieved model FLOP/s / peak."""
     if override > 0:
         return override
-    kind = jax.local_devices()[0].device_kind
-    for name in sorted(PEAK_FLOPS, key=len, reverse=True):  # longest match first
-        if name.lower() in kind.lower():
-            return PEAK_FLOPS[name]
-    return None
+    return topology.peak_flops(jax.local_devices()[0].device_kind)
 
 
 def _summary_writer_cls():
@@ -76,7 +65,7 @@ class MetricsLogger:
         """Drop records after `step` (the restored checkpoint) and repair a torn line (power
         loss, full disk): unparseable lines move to metrics.jsonl.damaged, never vanish. The
         rewrite is atomic, so a crash here cannot lose the file."""
-        from t5lite.store.checkpointing import write_atomic
+        from t5lite.store.paths import write_atomic
         path = epath.Path(self.path)
         if not path.exists():
             return

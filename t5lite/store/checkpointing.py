@@ -30,6 +30,7 @@ from etils import epath
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.monitor import progress
+from t5lite.store.paths import abspath, write_atomic
 
 log = logging.getLogger("t5lite")
 
@@ -39,28 +40,6 @@ def _abstract(tree):
     return jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
         tree)
-
-
-def abspath(path: str) -> str:
-    """Absolute local path; URLs (gs://bucket/dir) unchanged. Workdirs may be either, so file
-    I/O here goes through epath (orbax, tf.train.Checkpoint take both), never os / open()."""
-    return path if "://" in path else os.path.abspath(path)
-
-
-def write_atomic(path, text: str) -> None:
-    """Write `text` to a sibling temp file, then rename it over `path`: a crash or a full disk
-    leaves the old file whole (rename is atomic on POSIX; gs:// objects appear whole)."""
-    path = epath.Path(path)
-    tmp = path.parent / f".{path.name}.tmp"
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    except BaseException:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        raise
 
 
 def has_data_state(it) -> bool:

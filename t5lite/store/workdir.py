@@ -333,7 +333,7 @@ def check_config(cfg, workdir: str, allow_change: bool = False) -> bool:
 def write_config(cfg, workdir: str) -> None:
     """config.json <- cfg, atomically; an existing, different one is kept as config.<n>.json
     (n = 1, 2, ...: the order the configs were replaced in)."""
-    from t5lite.store.checkpointing import write_atomic
+    from t5lite.store.paths import write_atomic
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     path = root / "config.json"
