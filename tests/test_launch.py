@@ -12,6 +12,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import types
 
 import pytest
 
@@ -27,7 +28,21 @@ def _load(name):
     return module
 
 
-tpu_vm = _load("tpu_vm")
+def _load_tpu_module(name):
+    """launch/tpu/NAME.py, imported as launch_tpu.NAME (launch/ is not on sys.path)."""
+    if "launch_tpu" not in sys.modules:
+        package = os.path.join(LAUNCH, "tpu")
+        spec = importlib.util.spec_from_file_location(
+            "launch_tpu", os.path.join(package, "__init__.py"),
+            submodule_search_locations=[package])
+        sys.modules["launch_tpu"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["launch_tpu"])
+    return importlib.import_module("launch_tpu." + name)
+
+
+slices = _load_tpu_module("slices")
+fit_check = _load_tpu_module("fit_check")
+worker_setup = _load_tpu_module("worker_setup")
 local_multiprocess = _load("local_multiprocess")
 
 
@@ -62,7 +77,7 @@ def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts, create):
                   "--worker=all --zone=us-central2-b --project=my-proj",
                   f"gcloud compute tpus tpu-vm ssh {name} --worker=all --zone=us-central2-b "
                   "--project=my-proj --command "
-                  + shlex.quote(tpu_vm.setup_script(fetch, True))],
+                  + shlex.quote(worker_setup.setup_script(fetch, True))],
         "delete": [f"gcloud compute tpus {'queued-resources' if hosts > 1 else 'tpu-vm'} delete "
                    f"{name} --zone=us-central2-b --project=my-proj "
                    + ("--force --quiet" if hosts > 1 else "--quiet")],
@@ -89,7 +104,7 @@ def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts, create):
 
 def test_tpu_setup_installs_python_3_12_with_uv():
     """The TPU images' python3 is 3.10; setup makes a uv venv with 3.12 and installs there."""
-    script = tpu_vm.setup_script("true", False)
+    script = worker_setup.setup_script("true", False)
     assert "python3 -m pip install --user --quiet --upgrade uv" in script
     assert "python3 -m uv venv --python 3.12 ~/t5lite-venv" in script
     assert "python3 -m uv pip install --python ~/t5lite-venv/bin/python -e '.[tpu]'" in script
@@ -132,7 +147,7 @@ def test_tpu_setup_from_git_logs_stop_job_and_iap():
     fetch = "rm -rf ~/t5lite && git clone --depth 1 --branch v1 https://example.com/t5lite.git ~/t5lite"
     assert r.stdout.splitlines() == [
         "gcloud compute tpus tpu-vm ssh n --worker=all --command "
-        + shlex.quote(tpu_vm.setup_script(fetch, False))]
+        + shlex.quote(worker_setup.setup_script(fetch, False))]
     r = tpu("logs", "n", "--worker=3", "--lines=20", "--internal-ip", "--dry-run")
     assert r.stdout.splitlines() == [
         "gcloud compute tpus tpu-vm ssh n --worker=3 --internal-ip "
@@ -170,7 +185,7 @@ def test_tpu_train_needs_gcs_workdir():
 
 
 def test_tpu_hosts_per_slice():
-    hosts = {a: tpu_vm.parse_accelerator_type(a).hosts for a in [
+    hosts = {a: slices.parse_accelerator_type(a).hosts for a in [
         "v2-8", "v3-32", "v4-8", "v4-16", "v4-32", "v4-128", "v5p-8", "v5p-32", "v5p-128",
         "v5litepod-1", "v5litepod-8", "v5litepod-16", "v5litepod-256", "v6e-8", "v6e-64"]}
     assert hosts == {"v2-8": 1, "v3-32": 4, "v4-8": 1, "v4-16": 2, "v4-32": 4, "v4-128": 16,
@@ -186,22 +201,42 @@ def test_tpu_fit_fixes_follow_the_compile_report():
     report = {"chips": 8, "mesh": {"data": 8, "fsdp": 1, "tensor": 1}, "remat": "minimal",
               "grad_accum_steps": 2,
               "bytes_per_chip": {"params": 4 << 30, "opt_state": 8 << 30, "temp": 20 << 30}}
-    fixes = tpu_vm.fit_fixes(report, [])
+    fixes = fit_check.fit_fixes(report, [])
     assert fixes[0].startswith("--set mesh.fsdp=8 --set mesh.data=1")
     assert fixes[1].startswith("--set model.remat=full")
     assert fixes[2].startswith("--set train.grad_accum_steps=4")
     report = {"chips": 8, "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
               "bytes_per_chip": {"params": 40 << 30, "opt_state": 80 << 30, "temp": 1 << 30}}
-    assert tpu_vm.fit_fixes(report, []) == ["a larger slice"]
+    assert fit_check.fit_fixes(report, []) == ["a larger slice"]
     report["bytes_per_chip"]["temp"] = 40 << 30  # without "remat" in the report: from --set
-    assert tpu_vm.fit_fixes(report, ["model.remat=full"]) == [
+    assert fit_check.fit_fixes(report, ["model.remat=full"]) == [
         "--set train.grad_accum_steps=2 (smaller micro-batches)"]
 
 
-HAVE_COMPILE = os.path.exists(os.path.join(ROOT, "t5lite", "aot.py"))
+def test_tpu_fit_check_refuses_what_xla_refused_to_compile(monkeypatch):
+    """`t5lite compile --json` reports XLA's out-of-memory refusal as compiled=false, fits=false
+    with XLA's figure as the total; the fit check refuses with it and names the fixes."""
+    report = {"compiled": False, "fits": False, "chips": 1, "remat": "minimal",
+              "mesh": {"data": 1, "fsdp": 1, "tensor": 1}, "grad_accum_steps": 1,
+              "hbm_bytes_per_chip": 16 << 30, "est_step_seconds": None,
+              "bytes_per_chip": {"params": 1 << 30, "opt_state": 2 << 30, "temp": 37 << 30,
+                                 "total": 40 << 30}}
+    monkeypatch.setattr(fit_check, "compile_report", lambda *args: report)
+    args = types.SimpleNamespace(skip_fit_check=False, config="configs/t5_1_1_tiny.py",
+                                 set=["data.batch_size=32768"])
+    with pytest.raises(fit_check.LaunchError) as e:
+        fit_check.fit_check(args, "v5litepod-1")
+    message = str(e.value)
+    assert message.startswith("configs/t5_1_1_tiny.py does not fit v5litepod-1: 40.0 of 16.0 "
+                              "GiB HBM per chip (XLA refused to compile the step)")
+    assert "--set model.remat=full" in message and "--set train.grad_accum_steps=2" in message
+    assert "--set mesh.fsdp" not in message and "--skip-fit-check" in message
 
 
-@pytest.mark.skipif(not HAVE_COMPILE, reason="needs `t5lite compile` (t5lite/tpu/aot.py)")
+HAVE_COMPILE = os.path.isdir(os.path.join(ROOT, "t5lite", "tpu"))
+
+
+@pytest.mark.skipif(not HAVE_COMPILE, reason="needs `t5lite compile` (t5lite/tpu/)")
 def test_tpu_train_refuses_a_config_that_does_not_fit():
     """The real `t5lite compile` for one v5e chip (16 GiB): tiny T5 at batch 32768 needs ~40 GiB
     of activations; the launcher refuses before any gcloud command and names the fixes."""
@@ -322,7 +357,7 @@ def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
     assert calls == [
         describe("tpu-vm", "pod"),
         [*TPUS, "tpu-vm", "scp", archive, "pod:t5lite-src.tar.gz", "--worker=all", *Z],
-        ssh_call("pod", tpu_vm.setup_script(fetch, True))]
+        ssh_call("pod", worker_setup.setup_script(fetch, True))]
     installs = cloud.jsonl("installs.jsonl")
     for w in ("0", "1"):  # each worker: uv, a 3.12 venv, t5lite[tpu] into it, data prepare
         assert [i["argv"][:4] for i in installs if i["worker"] == w] == [
