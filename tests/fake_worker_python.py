@@ -24,8 +24,24 @@ def record(name, **item):
         f.write(json.dumps({"worker": WORKER, "node": os.environ.get("FAKE_NODE"), **item}) + "\n")
 
 
+def all_workers_started(timeout=60):
+    """Wait until every worker of this slice started this run: a slice lost before a slow
+    (loaded) worker got there would never see that worker's start."""
+    node, run = os.environ["FAKE_NODE"], os.environ["FAKE_RUN"]
+    with open(os.path.join(FAKE, "cloud.json")) as f:
+        workers = json.load(f)["nodes"][node]["workers"]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(os.path.join(FAKE, "starts.jsonl")) as f:
+            started = {s["worker"] for s in map(json.loads, f) if s["node"] == node
+                       and s["run"] == run}
+        if len(started) >= workers:
+            return
+        time.sleep(0.1)
+
+
 def train(argv):
-    record("starts.jsonl", argv=argv)
+    record("starts.jsonl", argv=argv, run=os.environ["FAKE_RUN"])
     plan = json.load(open(os.path.join(FAKE, "plan.json")))
     action = plan[min(int(os.environ["FAKE_RUN"]) - 1, len(plan) - 1)]  # a slice's workers alike
     step = 0
@@ -40,6 +56,7 @@ def train(argv):
         print(f"step {step} loss {4.0 / step:.2f}", flush=True)
         time.sleep(0.1)
         if action == "lost" and step == 2:
+            all_workers_started()
             open(os.path.join(FAKE, f"preempt-{os.environ['FAKE_NODE']}"), "w").close()
             time.sleep(60)
     if action == "preempt":
