@@ -20,7 +20,7 @@ def downloads():
 
 
 def _builder(root, downloads):
-    return D.datasets.Builder(str(root), D.fetch.Fetcher(downloads))
+    return D.builder.Builder(str(root), D.fetch.Fetcher(downloads))
 
 
 def test_normalize_dedup_key_and_bucket():
@@ -71,7 +71,7 @@ def test_corpus_clean_dedup_split_by_document(tmp_path, downloads):
     assert len(set(keys)) == len(keys)
     # every document's paragraphs are all in one split, and that split is its hash bucket
     where = {ln: f for f in files for ln in text[f]}
-    fetch = D.datasets.SourceFetcher(b)
+    fetch = D.builder.SourceFetcher(b)
     n_val = 0
     for doc in list(D.sources.docs_jargon(fetch)) + list(D.sources.docs_kjv(fetch)):
         splits = {where[p] for p in map(D.clean.normalize_text, doc.paragraphs) if p in where}

@@ -4,8 +4,9 @@ reads what this package writes.
 
 One file per concern: datadir (where the data lives), fetch (registry packages), archives
 (their members), clean (normalising, deduplication keys, split buckets), sources (parsers of
-the packages), datasets (the recipes, DATASETS), vocab (vocabulary files, SentencePiece
-training), manifest (MANIFEST.json, the build lock), build (`prepare`, `ensure_prepared`).
+the packages), builder (what a recipe writes with), datasets (the recipes, DATASETS), vocab
+(vocabulary files, SentencePiece training), manifest (MANIFEST.json, the build lock), build
+(`prepare`, `ensure_prepared`).
 """
 
 from t5lite.dataprep.build import ensure_prepared, prepare

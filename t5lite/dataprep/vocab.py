@@ -8,17 +8,13 @@ import json
 import os
 import re
 import time
-from typing import TYPE_CHECKING
-
 from tqdm.auto import tqdm
 
 from t5lite.dataprep.archives import read_member
+from t5lite.dataprep.builder import Builder
 from t5lite.dataprep.clean import bucket
 from t5lite.dataprep.fetch import sha256_file
 from t5lite.errors import UserError
-
-if TYPE_CHECKING:
-    from t5lite.dataprep.datasets import Builder
 
 T5_SPIECE_MD5 = "9d15ef55d09d5a425ceb63fa31f7cae3"
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from t5lite import dataprep
 from t5lite.errors import UserError
-from t5lite.tasks import pipeline
+from t5lite.tasks.lookup import get_mixture_or_task
 
 
 def default_cache_dir(cache_dir: str = "") -> str:
@@ -40,7 +40,7 @@ def use_cache_dir(cache_dir: str = "") -> str:
 def check_cached(name: str, cache_dir: str = "") -> None:
     """UserError naming the command to run when a task (or a mixture's task) is not cached."""
     root = use_cache_dir(cache_dir)
-    provider = pipeline.get_mixture_or_task(name)
+    provider = get_mixture_or_task(name)
     for task in seqio.get_subtasks(provider):
         if not task.supports_caching:
             raise UserError(f"task {task.name!r} has no seqio.CacheDatasetPlaceholder in its "
@@ -59,14 +59,45 @@ def _info(example: dict, num_shards: int) -> dict:
     return {"num_shards": num_shards, "features": feats, "seqio_version": seqio.__version__}
 
 
+def _write_split(task, split: str, tmp: str, num_shards: int) -> dict:
+    """Preprocess one split up to the placeholder into tmp's shards, info and stats files.
+    -> the stats (examples, tokens per feature)."""
+    from t5lite.monitor import progress
+    ds = task.source.get_dataset(split=split, shuffle=False)
+    ds = task.preprocess_precache(ds, seed=None)
+    prefix = seqio.utils.get_cached_tfrecord_prefix(tmp, split)
+    writers = [tf.io.TFRecordWriter(f"{prefix}-{i:05d}-of-{num_shards:05d}")
+               for i in range(num_shards)]
+    stats = {"examples": 0}
+    info = None
+    for i, ex in enumerate(progress.bar(ds.as_numpy_iterator(), desc=f"{task.name} {split}",
+                                        unit="ex")):
+        # seqio's beam_utils drops the provenance features too
+        ex = {k: v for k, v in ex.items() if not k.startswith("provenance/")}
+        info = info or _info(ex, num_shards)
+        writers[i % num_shards].write(seqio.utils.dict_to_tfexample(ex).SerializeToString())
+        stats["examples"] += 1
+        for k in task.output_features:
+            if k in ex:
+                stats[f"{k}_tokens"] = stats.get(f"{k}_tokens", 0) + int((ex[k] != 0).sum())
+    for w in writers:
+        w.close()
+    if info is None:
+        raise UserError(f"task {task.name!r} split {split!r} is empty: nothing to cache.")
+    for path, data in ((seqio.utils.get_cached_info_path(tmp, split), info),
+                       (seqio.utils.get_cached_stats_path(tmp, split), stats)):
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(json.dumps(data, indent=1))
+    return stats
+
+
 def cache_task(name: str, splits: Sequence[str] = (), cache_dir: str = "", num_shards: int = 1,
                force: bool = False) -> list[str]:
     """Caches every task of `name` (a task or mixture) for `splits` (default: all of the
     task's splits). -> the task cache dirs. A cached task is left alone unless `force`."""
-    from t5lite.monitor import progress
     root = default_cache_dir(cache_dir)
     out = []
-    for task in seqio.get_subtasks(pipeline.get_mixture_or_task(name)):
+    for task in seqio.get_subtasks(get_mixture_or_task(name)):
         if not task.supports_caching:
             raise UserError(f"task {task.name!r} has no seqio.CacheDatasetPlaceholder in its "
                             "preprocessors: nothing to cache (add one after the deterministic "
@@ -84,34 +115,7 @@ def cache_task(name: str, splits: Sequence[str] = (), cache_dir: str = "", num_s
             if split not in task.splits:
                 raise UserError(f"task {task.name!r} has no split {split!r}; it has "
                                 f"{', '.join(task.splits)}.")
-            ds = task.source.get_dataset(split=split, shuffle=False)
-            ds = task.preprocess_precache(ds, seed=None)
-            prefix = seqio.utils.get_cached_tfrecord_prefix(tmp, split)
-            writers = [tf.io.TFRecordWriter(f"{prefix}-{i:05d}-of-{num_shards:05d}")
-                       for i in range(num_shards)]
-            stats = {"examples": 0}
-            info = None
-            for i, ex in enumerate(progress.bar(ds.as_numpy_iterator(), desc=f"{task.name} "
-                                                f"{split}", unit="ex")):
-                ex = {k: v for k, v in ex.items()
-                      if not k.startswith("provenance/")}  # as seqio's beam_utils
-                info = info or _info(ex, num_shards)
-                writers[i % num_shards].write(
-                    seqio.utils.dict_to_tfexample(ex).SerializeToString())
-                stats["examples"] += 1
-                for k in task.output_features:
-                    if k in ex:
-                        stats[f"{k}_tokens"] = stats.get(f"{k}_tokens", 0) + int(
-                            (ex[k] != 0).sum())
-            for w in writers:
-                w.close()
-            if info is None:
-                raise UserError(f"task {task.name!r} split {split!r} is empty: nothing to "
-                                "cache.")
-            for path, data in ((seqio.utils.get_cached_info_path(tmp, split), info),
-                               (seqio.utils.get_cached_stats_path(tmp, split), stats)):
-                with tf.io.gfile.GFile(path, "w") as f:
-                    f.write(json.dumps(data, indent=1))
+            stats = _write_split(task, split, tmp, num_shards)
             print(f"{task.name} {split}: {stats['examples']} examples -> "
                   f"{seqio.utils.get_cached_tfrecord_prefix(task_dir, split)}-*")
         with tf.io.gfile.GFile(os.path.join(tmp, "COMPLETED"), "w") as f:

@@ -13,7 +13,8 @@ import tensorflow as tf
 from t5lite import dataprep
 from t5lite.config import python_files
 from t5lite.errors import UserError
-from t5lite.tasks import converters
+from t5lite.tasks import cache, converters
+from t5lite.tasks.lookup import get_mixture_or_task  # noqa: F401  (pipeline.get_mixture_or_task)
 
 
 def import_task_modules(modules) -> None:
@@ -31,20 +32,6 @@ def import_task_modules(modules) -> None:
             raise UserError(f"data.task_modules: cannot import {name!r} ({e}). Give a module "
                             "importable from the current directory or a path to a .py "
                             "file.") from None
-
-
-def get_mixture_or_task(name: str):
-    """seqio's lookup, with a UserError that lists close names."""
-    import t5lite.tasks  # noqa: F401  (registers everything)
-    try:
-        return seqio.get_mixture_or_task(name)
-    except ValueError:
-        import difflib
-        known = sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names())
-        hint = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        raise UserError(f"no task or mixture named {name!r}." + (
-            f" Did you mean: {', '.join(hint)}?" if hint else "")
-            + " See `t5lite tasks list`.") from None
 
 
 def task_features(provider) -> list[str]:
@@ -94,7 +81,6 @@ def get_dataset(mixture_or_task: str, feature_lengths: Mapping[str, int], archit
     # Per-example labels have no length; seqio would try to trim them.
     source_lengths = {k: v for k, v in lengths.items() if k not in converters.EXAMPLE_EXTRAS}
     if use_cached:
-        from t5lite.tasks import cache
         cache.check_cached(mixture_or_task, cache_dir)
     ds = provider.get_dataset(source_lengths, split=split, shuffle=shuffle, seed=seed,
                               shard_info=shard_info, num_epochs=num_epochs,
