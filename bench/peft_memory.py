@@ -39,9 +39,8 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lora-rank", type=int, default=8)
     args = ap.parse_args()
-    cfg = config_lib.load_config(f"configs/{args.preset}.py")
-    cfg.data.batch_size = args.batch
-    cfg.mesh = dataclasses.replace(cfg.mesh, data=1, fsdp=1, tensor=1)
+    cfg = config_lib.load_config(f"configs/{args.preset}.py", [
+        f"data.batch_size={args.batch}", "mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"])
     lora = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, peft=dataclasses.replace(cfg.model.peft, lora_rank=args.lora_rank)))
     print(f"{args.preset}, batch {args.batch} x {dict(cfg.data.feature_lengths)}, "

@@ -12,11 +12,11 @@ pieces, and a tiny CPU model gives a low BLEU. Use a bigger model (t5_1_1_small)
 t5 vocabulary (translate_en_de_t5, model.vocab_size=32128) for real numbers.
 """
 
-from t5lite.config import load_config
+from t5lite.config import load_editable
 
 
 def get_config():
-    cfg = load_config("quickstart")
+    cfg = load_editable("quickstart")
     cfg.name = "finetune_translate_en_de"
     cfg.data.mixture_or_task = "translate_en_de"
     cfg.data.feature_lengths = {"inputs": 64, "targets": 64}

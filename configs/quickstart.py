@@ -5,11 +5,11 @@
 The corpus and the SentencePiece vocabulary are built on first use (train.prepare_data).
 """
 
-from t5lite.config import load_config
+from t5lite.config import load_editable
 
 
 def get_config():
-    cfg = load_config("t5_1_1_tiny")
+    cfg = load_editable("t5_1_1_tiny")
     cfg.name = "quickstart"
     cfg.data.mixture_or_task = "corpus_span_corruption"
     cfg.data.feature_lengths = {"inputs": 128, "targets": 32}

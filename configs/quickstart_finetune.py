@@ -8,11 +8,11 @@ validation split.
 `t5lite quickstart` runs pretraining and this finetuning back to back.
 """
 
-from t5lite.config import load_config
+from t5lite.config import load_editable
 
 
 def get_config():
-    cfg = load_config("quickstart")
+    cfg = load_editable("quickstart")
     cfg.name = "quickstart_finetune"
     cfg.data.mixture_or_task = "sentiment"
     cfg.data.feature_lengths = {"inputs": 64, "targets": 4}

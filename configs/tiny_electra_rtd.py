@@ -7,13 +7,13 @@ Then finetune the discriminator: configs/tiny_electra_sentiment.py with
 --set checkpoint.init_from=runs/electra_rtd.
 """
 
-from t5lite.config import load_config
+from t5lite.config import load_editable
 
 
 def get_config():
-    cfg = load_config("electra_tiny")
+    cfg = load_editable("electra_tiny")
     cfg.name = "tiny_electra_rtd"
-    base = load_config("tiny_bert_mlm")  # same data, optimizer and schedule as BERT tiny MLM
+    base = load_editable("tiny_bert_mlm")  # same data, optimizer and schedule as BERT tiny MLM
     cfg.data, cfg.optim, cfg.train, cfg.checkpoint = base.data, base.optim, base.train, \
         base.checkpoint
     cfg.optim.clip_grad_norm = 1.0  # the preset's: unclipped, 50 x RTD collapsed the encoder

@@ -5,13 +5,13 @@ discriminator's [CLS] -> 2 classes (no generator, no RTD head), as BERT tiny fin
         --set checkpoint.init_from=runs/electra_rtd
 """
 
-from t5lite.config import load_config
+from t5lite.config import load_editable
 
 
 def get_config():
-    cfg = load_config("electra_tiny")
+    cfg = load_editable("electra_tiny")
     cfg.name = "tiny_electra_sentiment"
-    base = load_config("tiny_bert_sentiment")  # same data, optimizer and schedule as BERT's
+    base = load_editable("tiny_bert_sentiment")  # same data, optimizer and schedule as BERT's
     cfg.data, cfg.optim, cfg.train, cfg.checkpoint = base.data, base.optim, base.train, \
         base.checkpoint
     cfg.model.num_classes = 2

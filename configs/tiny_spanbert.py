@@ -6,11 +6,11 @@ head, no NSP, on packed single-segment rows of the local corpus (8k vocabulary).
 Loss = MLM + SBO (metrics mlm_loss, sbo_loss, sbo_accuracy). Same schedule as tiny_bert_mlm.py.
 """
 
-from t5lite.config import load_config
+from t5lite.config import load_editable
 
 
 def get_config():
-    cfg = load_config("tiny_bert_mlm")
+    cfg = load_editable("tiny_bert_mlm")
     cfg.name = "tiny_spanbert"
     cfg.model.sbo_head = True
     cfg.data.mixture_or_task = "corpus_spanbert"

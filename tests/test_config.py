@@ -53,6 +53,28 @@ def test_a_misspelt_field_in_a_config_file_fails_at_its_line(tmp_path):
         config_lib.Config().trian = None
 
 
+def test_a_loaded_config_is_frozen_and_replace_derives_a_changed_copy():
+    cfg = config_lib.load_config("quickstart")
+    with pytest.raises(UserError, match=r"cannot set train.steps: the config is frozen after "
+                                        r"validation. Pass overrides to load_config\(name, "
+                                        r"\[\"train.steps=...\"\]\) or .*replace\(cfg"):
+        cfg.train.steps = 20
+    with pytest.raises(UserError, match="cannot set model.peft.lora_rank: the config is frozen"):
+        cfg.model.peft.lora_rank = 4
+    new = config_lib.replace(cfg, {"train.steps": 20, "model.peft.lora_rank": "4"})
+    assert (new.train.steps, new.model.peft.lora_rank, cfg.train.steps) == (20, 4, 300)
+    assert config_lib.replace(cfg, ["train.steps=20"]).train.steps == 20
+    with pytest.raises(UserError, match="frozen"):
+        new.train.steps = 1
+    with pytest.raises(UserError, match="train.steps=-1 is out of range"):
+        config_lib.replace(cfg, {"train.steps": -1})
+    with pytest.raises(UserError, match="Did you mean: train.steps"):
+        config_lib.replace(cfg, {"train.stpes": 1})
+    editable = config_lib.load_editable("quickstart")  # what config files build on
+    editable.train.steps = 20
+    assert editable.train.steps == 20 and cfg.train.steps == 300
+
+
 def test_bad_values_are_user_errors():
     with pytest.raises(UserError, match="train.steps must be an integer"):
         config_lib.load_config("quickstart", ["train.steps=many"])
@@ -100,7 +122,7 @@ def test_model_vocab_smaller_than_the_task_vocabulary_is_a_user_error(tmp_path, 
     with pytest.raises(UserError, match=r"model.vocab_size=512 is smaller than the 700 ids .*"
                                         r"Set model.vocab_size >= 700"):
         trainer._prepare_tasks(cfg)
-    cfg.model.vocab_size = 768
+    cfg = config_lib.replace(cfg, {"model.vocab_size": 768})
     trainer._prepare_tasks(cfg)
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hf_fixtures as F
+from t5lite import config as config_lib
 from t5lite import convert
 from t5lite.cli import main as cli
 from t5lite.errors import UserError
@@ -226,11 +227,10 @@ def test_unknown_tensors_are_not_dropped(hf_models, tmp_path):
 
 def test_export_checks_params_against_config(hf_models, tmp_path):
     cfg, params = convert.hf_to_t5lite(hf_models["gpt2"][0])
-    cfg.model.vocab_size += 1  # params no longer match the config
+    wider = config_lib.replace(cfg, {"model.vocab_size": cfg.model.vocab_size + 1})
     with pytest.raises(UserError, match="token_embedder/embedding has shape"):
-        convert.t5lite_to_hf(cfg, params, str(tmp_path / "x"))
-    cfg.model.vocab_size -= 1
-    cfg.model.position = "rope"
+        convert.t5lite_to_hf(wider, params, str(tmp_path / "x"))  # params no longer match
+    cfg = config_lib.replace(cfg, {"model.position": "rope"})
     with pytest.raises(UserError, match="cannot be exported as gpt2.*position='rope'"):
         convert.t5lite_to_hf(cfg, params, str(tmp_path / "y"))
 

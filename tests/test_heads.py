@@ -191,8 +191,8 @@ def test_tiny_bert_sentiment_beats_the_majority_class(tmp_path):
         pytest.skip("run `t5lite data prepare sentiment bert_vocab` first")
     from t5lite import dataprep
     from t5lite.train import trainer
-    cfg = config_lib.load_config("tiny_bert_sentiment", ["train.steps=300"])
-    cfg.train.eval_steps = 0
+    cfg = config_lib.load_config("tiny_bert_sentiment", ["train.steps=300",
+                                                         "train.eval_steps=0"])
     workdir = str(tmp_path / "run")
     trainer.train(cfg, workdir)
     with open(os.path.join(dataprep.data_dir(), "finetune/sentiment/validation.tsv")) as f:

@@ -112,7 +112,7 @@ def test_adafactor_factors_attention_kernels_as_mesh_tensorflow():
     cfg = config_lib.load_config("t5_1_1_small")
     tx = optim.make_optimizer(cfg.optim, 10)
     for flat, factored in ((True, True), (False, False)):
-        cfg.model.flat_kernels = flat
+        cfg = config_lib.replace(cfg, {"model.flat_kernels": flat})
         params = nn.meta.unbox(abstract_params(cfg.model))
         state = jax.eval_shape(tx.init, params)
         v = state[0].v["encoder"]["layers"]["attention"]["query"]["kernel"]

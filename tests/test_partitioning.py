@@ -70,7 +70,7 @@ def test_every_attention_s_heads_must_divide_the_tensor_axis():
     [D, H, K] layout."""
     cfg = config_lib.load_config("electra_tiny")
     assert cfg.model.flat_kernels and cfg.model.num_heads % 4 == 0
-    cfg.mesh = mesh_cfg(1, 2, 4)
+    cfg = config_lib.replace(cfg, {"mesh": mesh_cfg(1, 2, 4)})
     mesh = partitioning.make_mesh(cfg.mesh)
     tx = optim.make_optimizer(cfg.optim, 10)
     with pytest.raises(UserError, match=r"'heads' .* model.num_heads a multiple of 4"):

@@ -160,12 +160,14 @@ def fewshot_command(checkpoint: str, task: str, shots: int, split: str = "valida
     answer_len = max(len(out_vocab.encode(tmpl.answer.format(label=w))) for w in words.values())
     m = cfg.model
     # the answer (+ EOS) is all that is scored or generated
-    cfg.decode.max_length = min(cfg.decode.max_length, answer_len + 2)
+    max_new_tokens = min(cfg.decode.max_length, answer_len + 2)
     length = context_length or max(cfg.data.feature_lengths.values())
     if m.position == "learned":  # decoder-only rows: BOS + prompt + answer
         length = min(length, m.max_length - (m.architecture != "encoder_decoder")
-                     * (cfg.decode.max_length + 1))
-    cfg.data.feature_lengths = {"inputs": length, "targets": answer_len + 1}
+                     * (max_new_tokens + 1))
+    from t5lite import config as config_lib
+    cfg = config_lib.replace(cfg, {"decode.max_length": max_new_tokens, "data.feature_lengths":
+                                   {"inputs": length, "targets": answer_len + 1}})
     predictor = evaluation.Predictor(cfg, model, params, int(out_vocab.eos_id))
     metrics = fewshot.evaluate_fewshot(predictor, in_vocab, out_vocab, task, train, examples,
                                        shots, tmpl, words, scoring, seed=cfg.decode.seed)

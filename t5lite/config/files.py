@@ -52,7 +52,8 @@ def available_configs() -> list[str]:
 
 
 def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
-    """Load ``get_config()`` from a config file and apply ``key=value`` overrides."""
+    """Load ``get_config()`` from a config file, apply ``key=value`` overrides, validate: a
+    frozen Config (derive a changed one with replace)."""
     file = resolve_config_path(path)
     try:
         module = python_files.load(file, "t5lite_config_" + os.path.basename(file)[:-3])
@@ -76,12 +77,30 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     return cfg
 
 
+def load_editable(path: str, overrides: typing.Sequence[str] = ()) -> Config:
+    """An unfrozen copy of load_config(path, overrides), for a config file's get_config() to
+    build on by assignment (load_config validates and freezes what get_config returns)."""
+    return copy_config(load_config(path, overrides))
+
+
+def replace(cfg: Config, changes: typing.Mapping | typing.Sequence[str]) -> Config:
+    """A validated, frozen copy of ``cfg`` with dotted keys changed: ``{"train.steps": 20}``
+    (typed values, or strings parsed like --set values) or ``["train.steps=20"]``."""
+    if isinstance(changes, typing.Mapping):
+        new = copy_config(cfg)
+        for key, value in changes.items():
+            set_by_path(new, key, value)
+    else:
+        new = apply_overrides(cfg, changes)
+    return validate(new)
+
+
 def cpu_recipe(base: str, name: str, steps: int, every: int, log_every: int = 10) -> Config:
     """What the configs/tiny_*.py runs share (a few minutes on a laptop CPU): config `base`
     (a model config), AdamW (50 warmup steps, weight decay 0.01), batch 32, no z-loss,
     `steps` steps, an eval and a checkpoint every `every` steps. The caller sets the task,
-    lengths, learning rate and schedule."""
-    cfg = load_config(base)
+    lengths, learning rate and schedule (on the returned config, which is not frozen yet)."""
+    cfg = load_editable(base)
     cfg.name = name
     cfg.data.batch_size = 32
     cfg.optim.name, cfg.optim.warmup_steps, cfg.optim.weight_decay = "adamw", 50, 0.01

@@ -11,7 +11,7 @@ import difflib
 import math
 
 from t5lite.config.dotted import get_by_path
-from t5lite.config.schema import Config
+from t5lite.config.schema import Config, freeze
 from t5lite.errors import UserError
 
 
@@ -66,8 +66,10 @@ def _check_ranges(cfg: Config) -> None:
                             "devices")
 
 
-def validate(cfg: Config) -> None:
-    """Checks that need only the config (mesh/device checks live in partitioning.py)."""
+def validate(cfg: Config) -> Config:
+    """Checks that need only the config (mesh/device checks live in partitioning.py), then
+    freezes it: a validated config is never changed behind its checks (config.replace derives
+    a changed one). Returns ``cfg``."""
     _check_ranges(cfg)  # every single field (choices, ranges); cross-field rules below
     m = cfg.model
     if cfg.data.batch_size % cfg.train.grad_accum_steps:
@@ -88,6 +90,8 @@ def validate(cfg: Config) -> None:
             m.num_classes <= 0 or m.architecture not in ("decoder_only", "prefix_lm"))):
         raise UserError(f"train.aux_lm_weight={cfg.train.aux_lm_weight}: use 0, or a weight "
                         ">= 0 (GPT-1: 0.5) with a decoder-only classifier (model.num_classes > 0)")
+    freeze(cfg)
+    return cfg
 
 
 def _check_electra(m) -> None:

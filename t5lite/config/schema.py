@@ -16,9 +16,9 @@ from typing import Optional
 
 from t5lite.errors import UserError
 
-FROZEN_MESSAGE = ("config is frozen after validation: pass overrides to "
-                  "load_config(name, [\"train.steps=20\"]) or use "
-                  "config.replace(cfg, {\"train.steps\": 20})")
+FROZEN_MESSAGE = ("cannot set {key}: the config is frozen after validation. Pass overrides "
+                  "to load_config(name, [\"{key}=...\"]) or derive a changed copy with "
+                  "t5lite.config.replace(cfg, {{\"{key}\": ...}})")
 
 
 def setting(default, *, choices: tuple = (), bounds: tuple = (None, None), meaning: str = ""):
@@ -38,17 +38,30 @@ class Section:
     """Base of every config section: assignments only to known fields, and none when frozen."""
 
     def __setattr__(self, name, value):
+        prefix = SECTION_PATHS.get(type(self), "")
+        pre = prefix + "." if prefix else ""
         if name not in field_names(type(self)):
-            prefix = SECTION_PATHS.get(type(self), "")
-            pre = prefix + "." if prefix else ""
             known = [pre + n for n in field_names(type(self))]
             hint = difflib.get_close_matches(pre + name, known, n=3, cutoff=0.5)
             raise UnknownKeyError(f"unknown config key {pre + name!r}." + (
                 f" Did you mean: {', '.join(hint)}?" if hint else
                 f" {type(self).__name__} has: {', '.join(sorted(known))}"))
         if self.__dict__.get("_frozen"):
-            raise UserError(FROZEN_MESSAGE)
+            raise UserError(FROZEN_MESSAGE.format(key=pre + name))
         object.__setattr__(self, name, value)
+
+
+def freeze(section: Section) -> None:
+    """Refuse every later assignment to ``section`` and the sections inside it (in place)."""
+    object.__setattr__(section, "_frozen", True)
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, Section):
+            freeze(value)
+
+
+def is_frozen(section: Section) -> bool:
+    return bool(section.__dict__.get("_frozen"))
 
 
 class UnknownKeyError(UserError):
