@@ -121,9 +121,9 @@ def test_model_vocab_smaller_than_the_task_vocabulary_is_a_user_error(tmp_path, 
     cfg = config_lib.load_config("quickstart", ["model.vocab_size=512", "train.prepare_data=()"])
     with pytest.raises(UserError, match=r"model.vocab_size=512 is smaller than the 700 ids .*"
                                         r"Set model.vocab_size >= 700"):
-        trainer._prepare_tasks(cfg)
+        trainer.prepare_tasks(cfg)
     cfg = config_lib.replace(cfg, {"model.vocab_size": 768})
-    trainer._prepare_tasks(cfg)
+    trainer.prepare_tasks(cfg)
 
 
 def test_cli_imports_tensorflow_without_its_load_time_log_lines(tmp_path):

@@ -228,7 +228,7 @@ def test_task_modules_from_config(tmp_path, monkeypatch):
                                                      f"data.mixture_or_task={task}",
                                                      "train.prepare_data=()"])
         for _ in range(2):
-            trainer._prepare_tasks(cfg)
+            trainer.prepare_tasks(cfg)
         assert task in seqio.TaskRegistry.names()
     with pytest.raises(UserError, match="task_modules.*no_such_module"):
         pipeline.import_task_modules(["no_such_module"])

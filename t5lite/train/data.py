@@ -1,0 +1,78 @@
+"""Training data: the task's preparation and checks, this process's batch iterators, and host
+batches -> global jax.Arrays sharded over the mesh's batch axes."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from t5lite.errors import UserError
+from t5lite.train import partitioning
+
+
+def prepare_tasks(cfg) -> None:
+    """Point seqio at the data dir (preparing it if train.prepare_data asks), import the task
+    modules, and check the vocabulary fits the model."""
+    from t5lite import dataprep
+    dataprep.use_data_dir(cfg.data.data_dir)
+    if cfg.train.prepare_data:
+        # every process (hosts may have local disks); a file lock serialises shared ones
+        dataprep.ensure_prepared(cfg.train.prepare_data, cfg.data.data_dir)
+    from t5lite.tasks import pipeline
+    pipeline.import_task_modules(cfg.data.task_modules)
+    task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
+    for name, feat in task.output_features.items():
+        size = feat.vocabulary.vocab_size
+        if size > cfg.model.vocab_size:
+            raise UserError(
+                f"model.vocab_size={cfg.model.vocab_size} is smaller than the {size} ids of "
+                f"task {cfg.data.mixture_or_task!r} (feature {name!r}). Set model.vocab_size "
+                f">= {size} (a multiple of 128 is fastest).")
+
+
+def train_iterator(cfg, workdir: str):
+    """This process's rows of each global training batch, read as data.num_shards seqio
+    shards (the workdir's saved shard count wins), so its checkpointed state resumes on
+    another process count (tasks/pipeline.py ShardedBatches)."""
+    from t5lite.tasks import pipeline
+    num_shards = (pipeline.saved_num_shards(os.path.join(workdir, "data_state"))
+                  or cfg.data.num_shards or jax.process_count())
+
+    def make_dataset(shard_info, batch_size):
+        return pipeline.get_dataset(
+            cfg.data.mixture_or_task, feature_lengths=dict(cfg.data.feature_lengths),
+            architecture=cfg.model.architecture, batch_size=batch_size,
+            split=cfg.data.train_split, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
+            pack=cfg.data.pack, shard_info=shard_info, use_cached=cfg.data.use_cached,
+            cache_dir=cfg.data.cache_dir)
+
+    return pipeline.ShardedBatches(make_dataset, num_shards, cfg.data.batch_size,
+                                   jax.process_index(), jax.process_count())
+
+
+def dataset_iterator(cfg, split: str, shuffle: bool, num_epochs=None):
+    """A tf.data iterator over this process's batches of `split` (evaluation: no state)."""
+    from t5lite.tasks import pipeline
+    ds = pipeline.get_dataset(
+        cfg.data.mixture_or_task, feature_lengths=dict(cfg.data.feature_lengths),
+        architecture=cfg.model.architecture,
+        batch_size=cfg.data.batch_size // jax.process_count(), split=split, shuffle=shuffle,
+        seed=cfg.data.seed, pack=cfg.data.pack, shard_info=partitioning.shard_info(),
+        num_epochs=num_epochs, use_cached=cfg.data.use_cached, cache_dir=cfg.data.cache_dir)
+    return iter(ds)
+
+
+def to_numpy(batch) -> dict:
+    return {k: np.asarray(v) for k, v in batch.items()}
+
+
+def next_train_batch(data_iter, batch_sharding, step: int, total: int):
+    """-> (this process's host batch, the global batch on the mesh) for `step` of `total`."""
+    try:
+        host = to_numpy(next(data_iter))
+    except StopIteration:
+        raise UserError(f"training data ran out at step {step} of {total}; use "
+                        "num_epochs=None (repeat) or fewer train.steps") from None
+    return host, partitioning.global_batch(host, batch_sharding)
