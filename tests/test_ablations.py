@@ -1,4 +1,4 @@
-"""The T5 paper's ablation tables (t5lite/ablations.py, configs/ablations/): every row builds a
+"""The T5 paper's ablation tables (t5lite/ablations/, configs/ablations/): every row builds a
 valid config with the intended change, the change reaches the data (noise density, span
 length, mixing rates), dry-run prints commands that rebuild the same configs, the renderer,
 the CLI, and one real two-row run of Table 6 on the small synthetic data dir (with resume)."""
@@ -277,6 +277,32 @@ def test_render_from_result_files(tmp_path):
     assert "mean ± std over 2 seeds" in lines[-3] and "Not run yet: rate10." == lines[-1]
 
 
+def test_render_of_a_cached_study_knows_the_benchmark_members(tmp_path):
+    """A fresh process that only renders finished results (nothing run, planned or tested
+    first) still folds GLUE / SuperGLUE members into their averages: one column each, no
+    column per member task."""
+    import subprocess
+    import sys
+    from t5lite.tasks import formats
+    assert ablations.DOWNSTREAM["glue"].members == tuple(formats.PAPER_GLUE)
+    assert ablations.DOWNSTREAM["super_glue"].members == tuple(formats.PAPER_SUPERGLUE)
+    runs = {"0": {"glue/average": 70.0, "paper_glue_cola/matthews_corrcoef": 40.0,
+                  "paper_glue_cola/checkpoint_step": 5000.0, "paper_glue_sst2/accuracy": 90.0,
+                  "super_glue/average": 60.0, "paper_super_glue_cb/accuracy": 60.0}}
+    d = tmp_path / "table6" / "rate15"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"metrics": runs["0"], "std": {}, "runs": runs,
+                                               "scale": "paper", "split": "validation"}))
+    code = ("import sys; from t5lite import ablations; "
+            "print(ablations.render(ablations.load_table('table6'), sys.argv[1]))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout
+    header = out.splitlines()[2]
+    assert header == ("| Corruption rate | glue average | super_glue average | "
+                      + " | ".join(f"{c} (paper)" for c in ablations.PAPER_COLUMNS) + " |")
+    assert "| ★ 15% | **70.00** | **60.00** |" in out
+
+
 # ----------------------------------------------------------------------------- the paper's setup
 
 
@@ -410,7 +436,6 @@ def test_seeds_run_each_row_n_times(capsys):
 def test_benchmark_average_is_the_papers():
     """GLUE / SuperGLUE: the mean over tasks of each task's mean metric (checkpoint steps of
     the per-task selection are not metrics)."""
-    ablations._fill_members()  # pylint: disable=protected-access
     got = ablations._average("glue", {  # pylint: disable=protected-access
         "paper_glue_cola/matthews_corrcoef": 40.0, "paper_glue_cola/checkpoint_step": 5000.0,
         "paper_glue_stsb/pearson_corrcoef": 80.0, "paper_glue_stsb/spearman_corrcoef": 90.0})

@@ -1,5 +1,5 @@
 """The T5 paper's published numbers that `t5lite ablate` renders beside the measured ones
-(configs/ablations/*.py, t5lite/ablations.py PAPER_*): a second, independent transcription
+(configs/ablations/*.py, t5lite/ablations/paper.py PAPER_*): a second, independent transcription
 pins every row, so an edit cannot silently change one, and every paper cell of every rendered
 table is a verified number or blank.
 

@@ -17,7 +17,7 @@ opens with the bottom layers; the paper's tied embedding trains throughout.
 Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py), 128 input
 tokens, 150 + 150 steps, sentiment accuracy only (add `--tasks translate_en_de
 summarize_debian` for BLEU / ROUGE-2). `--scale paper`: T5 base, 512 tokens, 2^19 + 2^18
-steps (t5lite/ablations.py SCALES).
+steps (t5lite/ablations/paper.py SCALES).
 
     t5lite ablate --table table10 --workdir runs/ablate
 """

@@ -15,7 +15,7 @@ paper's K.
 Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py), 128 input
 tokens, 150 + 150 steps (multi-task: 300), sentiment accuracy only (add `--tasks
 translate_en_de summarize_debian` for BLEU / ROUGE-2). `--scale paper`: T5 base, 512 tokens,
-2^19 + 2^18 steps (t5lite/ablations.py SCALES). Needs every local finetuning set
+2^19 + 2^18 steps (t5lite/ablations/paper.py SCALES). Needs every local finetuning set
 (`t5lite data prepare`; the rows prepare what is missing).
 
     t5lite ablate --table table11 --workdir runs/ablate

@@ -12,7 +12,7 @@ the whole chunk, corpus_lm). LM examples are L - 1 tokens of text, as the denois
 Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py, 2 + 2
 layers, 8k vocabulary), 128 input tokens, 150 + 150 steps, sentiment accuracy only (add
 `--tasks translate_en_de summarize_debian` for BLEU / ROUGE-2). `--scale paper`: T5 base
-(12 + 12 layers), 512 tokens, 2^19 + 2^18 steps (t5lite/ablations.py SCALES).
+(12 + 12 layers), 512 tokens, 2^19 + 2^18 steps (t5lite/ablations/paper.py SCALES).
 
     t5lite ablate --table table2 --workdir runs/ablate
     t5lite ablate --table table2 --workdir runs/ablate --rows encdec_denoising lm_lm --dry-run

@@ -10,7 +10,7 @@ chunks stay inside one document (as T5's reference). Encoder-decoder as in the p
 Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py), 128 input
 tokens, 150 + 150 steps, sentiment accuracy only (add `--tasks translate_en_de
 summarize_debian` for BLEU / ROUGE-2). `--scale paper`: T5 base, 512 tokens, 2^19 + 2^18
-steps (t5lite/ablations.py SCALES).
+steps (t5lite/ablations/paper.py SCALES).
 
     t5lite ablate --table table4 --workdir runs/ablate
 """

@@ -6,7 +6,7 @@ corpus_iid_denoising_rate{10,25,50}; targets made long enough for the density), 
 finetunes and tests on the local downstream tasks. Scaled down (`--scale tiny`, the default):
 tiny T5 v1.1 (configs/quickstart.py), 128 input tokens, 150 + 150 steps, sentiment accuracy
 only (add `--tasks translate_en_de summarize_debian` for BLEU / ROUGE-2).
-`--scale paper`: T5 base, 512 tokens, 2^19 + 2^18 steps (t5lite/ablations.py SCALES).
+`--scale paper`: T5 base, 512 tokens, 2^19 + 2^18 steps (t5lite/ablations/paper.py SCALES).
 
     t5lite ablate --table table6 --workdir runs/ablate
     t5lite ablate --table table6 --workdir runs/ablate --rows rate10 rate50 --dry-run

@@ -1,0 +1,226 @@
+"""Running a table: per row and seed, train its stages (each skipped when done earlier), test
+them on the scale's report split, and keep the row's result.json and the table's table.md."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Optional, Sequence
+
+from t5lite import config as config_lib
+from t5lite.ablations.files import join_path, read_json, row_dir, write_json
+from t5lite.ablations.paper import DOWNSTREAM
+from t5lite.ablations.plan import (Stage, check_tasks, eval_checkpoint, eval_command_line,
+                                   eval_overrides, eval_tasks, get_scale,
+                                   per_checkpoint_selection, plan_row)
+from t5lite.ablations.render import render, write_table
+from t5lite.ablations.tables import Row, Table, as_table
+from t5lite.errors import UserError
+
+
+def check_same_config(stage: Stage) -> None:
+    """A stage's workdir may only be resumed with the config it was started with: the
+    trainer's diff (workdir.config_diff: placement keys such as mesh.* may differ), with no
+    safe-key exception (a finished stage's numbers are reused)."""
+    from t5lite.store import workdir as workdir_lib
+    old = read_json(join_path(stage.workdir, "config.json"))
+    if old is None:
+        return
+    diff = workdir_lib.config_diff(old, json.loads(json.dumps(config_lib.to_dict(stage.cfg))))
+    if diff:
+        raise UserError(f"{stage.workdir} was started with a different config "
+                        f"({workdir_lib.format_diff(diff, 5)}). Use another --workdir, or "
+                        "delete that directory to redo the stage.")
+
+
+def _train(stage: Stage) -> float:
+    """Train the stage unless done; -> seconds spent (0 when skipped)."""
+    from t5lite.train import trainer
+    check_same_config(stage)
+    what = f"{stage.kind}{' ' + stage.task if stage.task else ''}"
+    if read_json(join_path(stage.workdir, "ablation_done.json")) is not None:
+        print(f"  {what}: done earlier, skipped", flush=True)
+        return 0.0
+    print(f"  {what} -> {stage.workdir}", flush=True)
+    t0 = time.time()
+    trainer.train(stage.cfg, stage.workdir)
+    seconds = time.time() - t0
+    write_json(join_path(stage.workdir, "ablation_done.json"), {"seconds": seconds})
+    return seconds
+
+
+def _checkpoint_steps(workdir: str) -> list[int]:
+    from etils import epath
+    d = epath.Path(workdir, "checkpoints")
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+
+
+def benchmark_average(task: str, metrics: dict) -> dict:
+    """A benchmark of several tasks: add "<task>/average" = mean over member tasks of the mean
+    of each member's metrics (the paper's GLUE / SuperGLUE average)."""
+    downstream = DOWNSTREAM[task]
+    if not downstream.members:
+        return metrics
+    per_task = [sum(v) / len(v) for v in ([x for k, x in metrics.items()
+                                           if k.startswith(m + "/")
+                                           and not k.endswith("/checkpoint_step")]
+                                          for m in downstream.members) if v]
+    if not per_task:
+        return metrics
+    return {**metrics, downstream.metrics[0]: sum(per_task) / len(per_task)}
+
+
+def _selection_metric(task: str, metrics: dict) -> float:
+    """The number a member task's best checkpoint is chosen by: the mean of its metrics."""
+    vals = [v for k, v in metrics.items() if k.startswith(task + "/")]
+    return sum(vals) / len(vals) if vals else float("-inf")
+
+
+def _best_checkpoint_metrics(src: str, task: str, split: str, max_examples: int,
+                             validation_examples: int, overrides: Sequence[str]) -> dict:
+    """Evaluate every kept checkpoint of ``src`` on validation (``validation_examples``) and
+    report the best one's metrics on ``split``, with "<task>/checkpoint_step"."""
+    from t5lite.eval import evaluation
+    best, best_step = None, None
+    for step in _checkpoint_steps(src):
+        ckpt = join_path(src, "checkpoints", str(step))
+        print(f"  validate {task} <- {ckpt}", flush=True)
+        cfg, model, params = evaluation.load(ckpt, overrides)
+        m = evaluation.evaluate(cfg, model, params, tasks=(task,), split="validation",
+                                max_examples=validation_examples)
+        if best is None or _selection_metric(task, m) > _selection_metric(task, best):
+            best, best_step = m, step
+    if best is None:
+        raise UserError(f"{src} has no checkpoints to choose from.")
+    if split != "validation":
+        cfg, model, params = evaluation.load(join_path(src, "checkpoints", str(best_step)),
+                                             overrides)
+        best = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split,
+                                   max_examples=max_examples)
+    return {**{k: float(v) for k, v in best.items()}, f"{task}/checkpoint_step": float(best_step)}
+
+
+def _test(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
+          per_checkpoint: bool = False) -> dict:
+    """The task's reported metrics (the scale's report split), cached as <split>_<task>.json
+    in the evaluated stage's workdir (so deleting a stage to redo it drops its numbers too).
+
+    per_checkpoint: every kept checkpoint of the evaluated stage is evaluated on validation
+    (eval.max_examples of the task's finetuning config; the whole split at paper scale) and
+    each (member) task reports its best one (the paper's selection); else the finetuning run's
+    best params (or the multi-task run's final ones)."""
+    from t5lite.eval import evaluation
+    split = get_scale(scale).report_split
+    src = pre.workdir if multitask else ft.workdir
+    path = join_path(src, f"{split}_{ft.task}.json")
+    cached = read_json(path)
+    if cached is not None:
+        return cached
+    n = DOWNSTREAM[ft.task].test_examples if split == "test" else 0
+    sets = eval_overrides(ft) if multitask else ()
+    metrics = {}
+    for task in eval_tasks(ft.task):
+        if per_checkpoint:
+            metrics.update(_best_checkpoint_metrics(src, task, split, n,
+                                                    ft.cfg.eval.max_examples, sets))
+            continue
+        ckpt = pre.workdir if multitask else eval_checkpoint(ft)
+        print(f"  {split} {task} <- {ckpt}", flush=True)
+        cfg, model, params = evaluation.load(ckpt, sets)
+        m = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split, max_examples=n)
+        metrics.update({k: float(v) for k, v in m.items()})
+    metrics = benchmark_average(ft.task, metrics)
+    write_json(path, metrics)
+    return metrics
+
+
+def summarize(runs: dict) -> tuple[dict, dict]:
+    """{seed: metrics} -> (mean, sample standard deviation; 0 for one run) per metric."""
+    keys = sorted({k for m in runs.values() for k in m})
+    mean, std = {}, {}
+    for k in keys:
+        vals = [m[k] for m in runs.values() if k in m]
+        mean[k] = sum(vals) / len(vals)
+        std[k] = (math.sqrt(sum((v - mean[k]) ** 2 for v in vals) / (len(vals) - 1))
+                  if len(vals) > 1 else 0.0)
+    return mean, std
+
+
+def _run_seeds(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: str,
+               overrides: Sequence[str], dry_run: bool, seeds: int) -> tuple[dict, dict, list]:
+    """Train and test the row once per seed (dry_run: print the commands instead); -> (runs
+    {seed: metrics}, seconds {stage[@seed]: seconds trained}, the train commands)."""
+    per_checkpoint = per_checkpoint_selection(scale, row)
+    runs, seconds, commands = {}, {}, []
+    for seed in range(seeds):
+        pre, fts = plan_row(table, row, workdir, tasks, scale, overrides, seed)
+        stages = ([pre] if pre else []) + ([] if row.multitask else fts)
+        commands += [st.command() for st in stages]
+        if dry_run:
+            print("\n".join([st.command() for st in stages]
+                            + [eval_command_line(pre, ft, row.multitask, scale, per_checkpoint)
+                               for ft in fts]), flush=True)
+            continue
+        for st in stages:
+            key = "pretrain" if st.kind == "pretrain" else f"finetune_{st.task}"
+            t = _train(st)
+            if t:
+                seconds[f"{key}@{seed}" if seed else key] = t
+        metrics = {}
+        for ft in fts:
+            metrics.update(_test(pre, ft, row.multitask, scale, per_checkpoint))
+        runs[str(seed)] = metrics
+    return runs, seconds, commands
+
+
+def _record_row(table: Table, row: Row, workdir: str, scale: str, runs: dict, seconds: dict,
+                commands: list) -> dict:
+    """Merge this call's runs into the row's result.json (the seeds of earlier calls stay);
+    -> the row's result. The file is rewritten only when it changes."""
+    path = join_path(row_dir(workdir, table, row), "result.json")
+    old = read_json(path) or {}
+    old_runs = old.get("runs") or ({"0": old["metrics"]} if old.get("metrics") else {})
+    all_runs = {**old_runs, **runs}
+    mean, std = summarize(all_runs)
+    result = {
+        "table": table.name, "row": row.name, "label": list(row.label),
+        "baseline": row.name == table.baseline, "scale": scale,
+        "split": get_scale(scale).report_split,
+        "metrics": mean, "std": std, "runs": all_runs,
+        "seconds": {**old.get("seconds", {}), **seconds},
+        "commands": commands}
+    if result != old:
+        write_json(path, result)
+    return result
+
+
+def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Sequence[str] = (),
+        scale: str = "tiny", overrides: Sequence[str] = (), dry_run: bool = False,
+        seeds: int = 1) -> dict:
+    """Run (or, dry_run, print) the table's rows, each ``seeds`` times (train.seed and
+    data.seed 0 .. seeds - 1); -> {row name: result}. See the package doc."""
+    table = as_table(table)
+    if seeds < 1:
+        raise UserError(f"--seeds must be >= 1, got {seeds}.")
+    from t5lite.store import checkpointing
+    workdir = checkpointing.abspath(workdir)
+    selected = [table.row(r) for r in rows] if rows else list(table.rows)
+    settings = get_scale(scale)
+    tasks = tuple(tasks) or settings.tasks or table.tasks
+    check_tasks(tasks)
+    results = {}
+    from t5lite.monitor import progress  # rows done / to do (a bar, or plain lines in a log file)
+    for row in progress.bar(selected, desc=f"ablate {table.name}", unit="row",
+                            disable=dry_run):
+        print(f"# {table.name} / {row.name}: {' | '.join(row.label)}", flush=True)
+        runs, seconds, commands = _run_seeds(table, row, workdir, tasks, scale, overrides,
+                                             dry_run, seeds)
+        if dry_run:
+            continue
+        results[row.name] = _record_row(table, row, workdir, scale, runs, seconds, commands)
+        write_table(table, workdir)
+    if results:
+        print(render(table, workdir)
+              + f"\n(written to {join_path(workdir, table.name, 'table.md')})", flush=True)
+    return results
