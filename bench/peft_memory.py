@@ -18,16 +18,16 @@ import jax
 
 from t5lite import config as config_lib
 from t5lite.models import build_model, peft
-from t5lite.tpu import aot
+from t5lite.tpu import compile as tpu_compile
 from t5lite.train import partitioning
 
 
 def step_memory(cfg, all_grads: bool = False):
     """(temp, argument) bytes of cfg's compiled train step on one device."""
     mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
-    _, traced = aot.trace_train_step(cfg, mesh, build_model(cfg.model),
-                                      peft.make_optimizer(cfg, cfg.train.steps),
-                                      differentiate_all=all_grads)
+    _, traced = tpu_compile.trace_train_step(cfg, mesh, build_model(cfg.model),
+                                              peft.make_optimizer(cfg, cfg.train.steps),
+                                              differentiate_all=all_grads)
     with partitioning.activate(mesh):
         m = traced.lower().compile().memory_analysis()
     return m.temp_size_in_bytes, m.argument_size_in_bytes

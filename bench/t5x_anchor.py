@@ -133,13 +133,13 @@ def t5x_step(network, devices, options: dict):
 
 
 def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
-    from t5lite.tpu import aot
-    chip = aot.parse_topology(TOPOLOGY).chip
+    from t5lite.tpu import hlo_cost, memory, topology
+    chip = topology.parse_topology(TOPOLOGY).chip
     mem = compiled.memory_analysis()
-    hlo = aot.hlo_costs(compiled.as_text(), chip)
-    times = aot.roofline_seconds(hlo, chip)
+    hlo = hlo_cost.hlo_costs(compiled.as_text(), chip)
+    times = hlo_cost.roofline_seconds(hlo, chip)
     est = max(times.values())
-    b = aot.memory_bytes(mem)
+    b = memory.memory_bytes(mem)
     return {"arguments_gib": b["arguments"] / GiB, "temp_gib": b["temp"] / GiB,
             "xla_temp_gib": b["xla_temp"] / GiB, "total_gib": b["total"] / GiB,
             "flops_per_chip": float(hlo["matmul_flops"]), "hbm_bytes_per_chip": hlo["bytes"],
@@ -168,11 +168,11 @@ def main():
     import jax
 
     from t5lite import config as config_lib
-    from t5lite.tpu import aot
+    from t5lite.tpu import compile as tpu_compile, topology
     from t5lite.train import partitioning
-    aot.require_libtpu()
-    topo = aot.parse_topology(TOPOLOGY)
-    devices = aot.abstract_devices(topo)
+    topology.require_libtpu()
+    topo = topology.parse_topology(TOPOLOGY)
+    devices = topology.abstract_devices(topo)
     network = load_t5x_network(args.t5x) if "t5x" in args.sides else None
     modes = ("off", "on") if args.collective_matmul == "both" else (args.collective_matmul,)
     sets = ["mesh.data=1", "mesh.fsdp=-1", "model.scan_layers=false"]  # the plan's anchor row
@@ -181,7 +181,7 @@ def main():
                                      sets + [f"mesh.collective_matmul={mode == 'on'}"])
         mesh = partitioning.make_mesh(cfg.mesh, devices)
         if "t5lite" in args.sides:
-            r = aot.compile_step(cfg, topo, devices)
+            r = tpu_compile.compile_step(cfg, topo, devices)
             b = r["bytes_per_chip"]
             print(json.dumps({
                 "side": "t5lite", "collective_matmul": mode, "arguments_gib": b["arguments"] / GiB,

@@ -1,5 +1,5 @@
 """Every preset at its paper batch and lengths, compiled for a realistic TPU slice on this host
-(t5lite.tpu.aot: libtpu, no TPU) -> bench/TPU_PLAN.md.
+(t5lite.tpu.compile: libtpu, no TPU) -> bench/TPU_PLAN.md.
 
     python bench/tpu_plan.py [--rows t5_1_1_small gpt2_small ...] [--jsonl bench/tpu_plan.jsonl]
 
@@ -8,7 +8,7 @@ minimum, fits, compiled vs model FLOPs, the roofline's estimated MFU. Results ar
 the JSONL file as each compile finishes (big presets take many minutes on 2 cores) and
 TPU_PLAN.md is re-rendered from it, so rows never compiled say so.
 
-Analytic minimum per chip: t5lite.tpu.aot.analytic_bytes (state + saved activations by remat
+Analytic minimum per chip: t5lite.tpu.memory.analytic_bytes (state + saved activations by remat
 policy + one layer's working set + logits), in every compile report.
 """
 
@@ -59,21 +59,21 @@ GiB = 1024 ** 3
 
 
 def analytic_min(cfg, r) -> float:
-    """aot.analytic_bytes of the report (rows written before it existed: computed here)."""
-    from t5lite.tpu import aot
+    """memory.analytic_bytes of the report (rows written before it existed: computed here)."""
+    from t5lite.tpu import memory
     if "analytic_bytes_per_chip" in r:
         return r["analytic_bytes_per_chip"]["total"]
     b = r["bytes_per_chip"]
-    return aot.analytic_bytes(cfg, r["mesh"], b["params"], b["opt_state"])["total"]
+    return memory.analytic_bytes(cfg, r["mesh"], b["params"], b["opt_state"])["total"]
 
 
 def run_row(name: str) -> dict:
     from t5lite import config
-    from t5lite.tpu import aot
+    from t5lite.tpu import compile as tpu_compile, topology as tpu_topology
     topology, sets = ROWS[name]
     cfg = config.load_config(name.split("@")[0], sets)
     t0 = time.time()
-    r = aot.compile_step(cfg, aot.parse_topology(topology))
+    r = tpu_compile.compile_step(cfg, tpu_topology.parse_topology(topology))
     r["wall_seconds"] = time.time() - t0
     r["set"] = sets
     r["row"] = name
@@ -94,12 +94,12 @@ def render(jsonl: str, out: str) -> None:
     lines = [
         "# TPU plan: every preset compiled for a TPU slice on a CPU host",
         "",
-        "Written by `python bench/tpu_plan.py` (t5lite.tpu.aot, jax 0.10.2 + libtpu 0.0.42.1, no "
-        "TPU). Per chip; GiB = 2^30 bytes. *min* = params + grads + optimizer state + the "
-        "activations the remat policy saves + one layer's working set + logits "
-        "(t5lite.tpu.aot.analytic_bytes). FLOPs: compiled (the HLO's matmuls, every loop x its "
+        "Written by `python bench/tpu_plan.py` (t5lite.tpu.compile, jax 0.10.2 + libtpu "
+        "0.0.42.1, no TPU). Per chip; GiB = 2^30 bytes. *min* = params + grads + optimizer "
+        "state + the activations the remat policy saves + one layer's working set + logits "
+        "(t5lite.tpu.memory.analytic_bytes). FLOPs: compiled (the HLO's matmuls, every loop x its "
         "trip count) / model (3 x forward matmuls, + remat recompute). MFU: roofline "
-        "estimate from the chip table in t5lite/tpu/aot.py: the largest of FLOPs / peak, HBM "
+        "estimate from the chip table in t5lite/tpu/topology.py: the largest of FLOPs / peak, HBM "
         "bytes / bandwidth (operands in VMEM excluded), collective bytes / ICI bandwidth and "
         "the sum of every instruction's own roofline (`roofline_seconds` in the JSON). "
         "Compiled with `mesh.collective_matmul=false` (the default; README).",
@@ -152,7 +152,7 @@ def render(jsonl: str, out: str) -> None:
               "steps; rows before session 16 added it to the arguments and are not shown.", "",
               "Caveats: the roofline is an estimate: "
               "HBM bytes are the compiled HLO's top-level instructions' reads and writes "
-              "outside VMEM (aot.hlo_costs), with no cache or overlap effects beyond the "
+              "outside VMEM (hlo_cost.hlo_costs), with no cache or overlap effects beyond the "
               "per-instruction sum."]
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")

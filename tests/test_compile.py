@@ -2,7 +2,7 @@
 (libtpu from the test extra), remat policies by name, and the CPU-only gradient rewrites.
 
 Compiles for a TPU are slow (tens of seconds each on 2 cores): the few configs here are small
-and t5lite.tpu.aot caches each (config, topology) compile, so --search reuses them.
+and t5lite.tpu.compile caches each (config, topology) compile, so --search reuses them.
 """
 
 import json
@@ -16,7 +16,9 @@ import pytest
 from flax import linen as nn
 
 from t5lite.cli import main as cli
-from t5lite.tpu import aot
+from t5lite.tpu import compile as tpu_compile, hlo_cost, memory, report, search
+from t5lite.tpu import topology as tpu_topology
+from t5lite.tpu.topology import GiB
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import build_model, count_params, dummy_batch, layers
@@ -32,7 +34,8 @@ SMALL = {  # tiny presets at small shapes: a short compile with activations that
 
 def compiled(name, topology, *extra, hbm_gib=0.0):
     cfg = config_lib.load_config(name, SMALL[name] + list(extra))
-    return aot.compile_step(cfg, aot.parse_topology(topology), hbm_bytes=int(hbm_gib * aot.GiB))
+    return tpu_compile.compile_step(cfg, tpu_topology.parse_topology(topology),
+                                    hbm_bytes=int(hbm_gib * GiB))
 
 
 def param_bytes(name, *extra):
@@ -49,7 +52,7 @@ def param_bytes(name, *extra):
     ("v6e-8", "v6e", (2, 4)), ("v6e-256", "v6e", (16, 16)), ("v5p:2x2x4", "v5p", (2, 2, 4)),
     ("V5E:2X4", "v5e", (2, 4))])
 def test_topology_names(name, chip, shape):
-    topo = aot.parse_topology(name)
+    topo = tpu_topology.parse_topology(name)
     assert (topo.chip.name, topo.shape, topo.chips) == (chip, shape, math.prod(shape))
 
 
@@ -57,7 +60,7 @@ def test_topology_names(name, chip, shape):
                                   "tpu", "v6e:0x4"])
 def test_unknown_topology_is_one_user_error(name, capsys):
     with pytest.raises(UserError):
-        aot.parse_topology(name)
+        tpu_topology.parse_topology(name)
     rc = cli.main(["compile", "--config", "gpt2_tiny", "--topology", name])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "topology" in err[0]
@@ -75,9 +78,19 @@ def test_missing_libtpu_says_what_to_install(monkeypatch, capsys):
 
 def test_chip_table_has_every_generation():
     for name in ("v4", "v5e", "v5p", "v6e"):
-        c = aot.CHIPS[name]
-        assert c.hbm_bytes > 8 * aot.GiB and c.hbm_bw > 5e11 and c.peak_flops > 1e14
+        c = tpu_topology.CHIPS[name]
+        assert c.hbm_bytes > 8 * GiB and c.hbm_bw > 5e11 and c.peak_flops > 1e14
         assert c.ici_bw > 1e11
+
+
+def test_training_mfu_reads_the_chip_table():
+    """One chip table: the training logs' peak per device kind is the compile's chip peak;
+    the longest device-kind name wins; CPUs have none."""
+    for kind, chip in (("TPU v5 lite", "v5e"), ("TPU v5p", "v5p"), ("TPU v4", "v4"),
+                       ("TPU v6e", "v6e")):
+        assert tpu_topology.peak_flops(kind) == tpu_topology.CHIPS[chip].peak_flops
+    assert tpu_topology.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12  # not A10's
+    assert tpu_topology.peak_flops("cpu") is None
 
 
 HLO = """HloModule m
@@ -106,7 +119,7 @@ ENTRY %main (a: f32[8]) -> f32[8] {
 
 
 def test_collectives_count_loop_bodies_times_their_trip_count():
-    assert aot.hlo_collectives(HLO) == {  # all-reduce = reduce-scatter + all-gather: 2 x 32 B
+    assert hlo_cost.hlo_collectives(HLO) == {  # all-reduce = reduce-scatter + all-gather: 2 x 32 B
         "all-reduce": {"count": 1, "bytes": 64}, "reduce-scatter": {"count": 12, "bytes": 384},
         "all-gather": {"count": 12, "bytes": 384}}
 
@@ -157,7 +170,7 @@ ENTRY %main (a: bf16[3,8,16], b: bf16[3,16,4], c: bf16[8,16], e: bf16[16,4]) -> 
 
 
 def test_hlo_costs_follow_the_loop_counter_and_count_valid_window_positions():
-    c = aot.hlo_costs(HLO_LOOP)
+    c = hlo_cost.hlo_costs(HLO_LOOP)
     per_trip = 2 * 3 * 8 * 16 * 4  # the batched matmul: batch 3, 8 x 16 @ 16 x 4
     dot = 2 * 8 * 4 * 16  # lhs_contracting_dims={1} of an 8 x 16 lhs
     assert c["matmul_flops_once"] == per_trip + dot
@@ -187,8 +200,8 @@ ENTRY %main (a: bf16[256,512], b: bf16[512,128]) -> bf16[256,128] {
 
 
 def test_hbm_bytes_skip_vmem_and_each_instruction_gets_its_own_roofline():
-    chip = aot.CHIPS["v5e"]
-    c = aot.hlo_costs(HLO_VMEM, chip)
+    chip = tpu_topology.CHIPS["v5e"]
+    c = hlo_cost.hlo_costs(HLO_VMEM, chip)
     a, b, out = 256 * 512 * 2, 512 * 128 * 2, 256 * 128 * 2
     # the prefetch reads a from HBM once; the fusion reads a from VMEM, b from HBM, writes out
     assert c["bytes"] == a + b + out
@@ -196,7 +209,7 @@ def test_hbm_bytes_skip_vmem_and_each_instruction_gets_its_own_roofline():
     assert c["matmul_flops"] == flops
     # only the fusion runs on the TensorCore: its own max(FLOPs, HBM bytes)
     assert c["op_seconds"] == pytest.approx(max(flops / chip.peak_flops, (b + out) / chip.hbm_bw))
-    assert aot.hlo_costs(HLO_VMEM)["op_seconds"] == 0.0  # no chip, no time
+    assert hlo_cost.hlo_costs(HLO_VMEM)["op_seconds"] == 0.0  # no chip, no time
 
 
 # A scanned layer's backward reading its slice of a stacked [layers, ...] residual through a
@@ -230,18 +243,18 @@ ENTRY %main (a: f32[4,8,16], i: s32[], b: f32[1,8,16]) -> f32[1,8,16] {
 def test_hbm_bytes_of_a_stacked_operand_read_through_a_nested_slice_are_the_slice():
     slice_bytes = 8 * 16 * 4
     # the slice of a, all of b, the output; the index lives in SMEM
-    assert aot.hlo_costs(HLO_NESTED_SLICE)["bytes"] == 3 * slice_bytes
+    assert hlo_cost.hlo_costs(HLO_NESTED_SLICE)["bytes"] == 3 * slice_bytes
 
 
 def test_hbm_bytes_of_a_compiled_matmul_are_its_inputs_and_output():
     """The whole HBM traffic model against the one program whose traffic is known: a matmul
     with an elementwise epilogue reads each input once and writes its output once."""
-    topo = aot.parse_topology("v5litepod-1")
-    mesh = jax.sharding.Mesh(np.array(aot.abstract_devices(topo)[:1]), ("x",))
+    topo = tpu_topology.parse_topology("v5litepod-1")
+    mesh = jax.sharding.Mesh(np.array(tpu_topology.abstract_devices(topo)[:1]), ("x",))
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     x = jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16, sharding=rep)
     text = jax.jit(lambda a, b: jnp.tanh(a @ b) * 2).lower(x, x).compile().as_text()
-    c = aot.hlo_costs(text, topo.chip)
+    c = hlo_cost.hlo_costs(text, topo.chip)
     size = 2048 * 2048 * 2
     assert 3 * size <= c["bytes"] <= 3.1 * size
     assert c["matmul_flops"] == 2 * 2048 ** 3
@@ -253,8 +266,8 @@ def test_hbm_bytes_of_a_compiled_matmul_are_its_inputs_and_output():
 def _scanned_sgd(layers):
     """A donated stack of `layers` f32 8192^2 weights, a rematerialised scan over them, one
     SGD update, compiled for one v5p chip (tens of GiB: the compiler's HBM check decides)."""
-    topo = aot.parse_topology("v5p:2x2x1")
-    mesh = jax.sharding.Mesh(np.array(aot.abstract_devices(topo)[:1]), ("x",))
+    topo = tpu_topology.parse_topology("v5p:2x2x1")
+    mesh = jax.sharding.Mesh(np.array(tpu_topology.abstract_devices(topo)[:1]), ("x",))
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     n = 8192
 
@@ -271,17 +284,17 @@ def _scanned_sgd(layers):
 
 def test_per_chip_total_is_what_the_tpu_compiler_checks_against_hbm():
     """libtpu compiles a program whose peak fits the chip although its arguments +
-    temp_size_in_bytes do not, and refuses the next size up: aot's total must be the figure
+    temp_size_in_bytes do not, and refuses the next size up: memory_total must be the figure
     it checks (the peak), or `fits` says no to programs that run."""
     mem = _scanned_sgd(126).memory_analysis()
-    total = aot.memory_total(mem)
-    assert total <= 95.74 * aot.GiB < mem.argument_size_in_bytes + mem.temp_size_in_bytes
-    assert aot.memory_bytes(mem)["temp"] == total - mem.argument_size_in_bytes  # all donated
+    total = memory.memory_total(mem)
+    assert total <= 95.74 * GiB < mem.argument_size_in_bytes + mem.temp_size_in_bytes
+    assert memory.memory_bytes(mem)["temp"] == total - mem.argument_size_in_bytes  # all donated
     with pytest.raises(Exception, match="RESOURCE_EXHAUSTED") as e:
         _scanned_sgd(128)
-    need = float(re.search(r"temporaries \(([\d.]+)G\)", str(e.value)).group(1)) * aot.GiB
+    need = float(re.search(r"temporaries \(([\d.]+)G\)", str(e.value)).group(1)) * GiB
     # two more f32 8192^2 layers: each adds its weight, its gradient and its saved input
-    assert abs(need - (total + 2 * 3 * 8192 ** 2 * 4)) < 0.02 * aot.GiB
+    assert abs(need - (total + 2 * 3 * 8192 ** 2 * 4)) < 0.02 * GiB
 
 
 # ----------------------------------------------------------------------------- compile
@@ -333,7 +346,7 @@ def test_a_mesh_axis_that_splits_a_physical_dim_still_makes_a_mesh():
     it); the mesh splits a physical dim instead, every chip once."""
     from t5lite.config import MeshConfig
     from t5lite.train import partitioning
-    devices = aot.abstract_devices(aot.parse_topology("v5p-128"))
+    devices = tpu_topology.abstract_devices(tpu_topology.parse_topology("v5p-128"))
     mesh = partitioning.make_mesh(MeshConfig(data=1, fsdp=32, tensor=2), devices)
     assert dict(mesh.shape) == {"data": 1, "fsdp": 32, "tensor": 2}
     assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
@@ -373,11 +386,11 @@ XL_WIDE = ["data.batch_size=16", "data.feature_lengths.inputs=512",
 
 def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
     from t5lite.train import partitioning
-    topo = aot.parse_topology("v5litepod-4")
+    topo = tpu_topology.parse_topology("v5litepod-4")
     runs = {}
     for on in (False, True):
         cfg = config_lib.load_config("t5_1_1_tiny", XL_WIDE + [f"mesh.collective_matmul={on}"])
-        runs[on] = aot.compile_step(cfg, topo)
+        runs[on] = tpu_compile.compile_step(cfg, topo)
     permutes = {on: r["collectives"].get("collective-permute", {}).get("count", 0)
                 for on, r in runs.items()}
     # windowed einsums pass weight shards round the ring: many permutes; off, the weights
@@ -389,7 +402,7 @@ def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
     assert partitioning.compiler_options(tiny, cpu_mesh) == {}
     # the libtpu crash workaround: an encoder-decoder with dropout under remat keeps the
     # all-gather collective matmuls
-    tpu_mesh = partitioning.make_mesh(tiny.mesh, aot.abstract_devices(topo))
+    tpu_mesh = partitioning.make_mesh(tiny.mesh, tpu_topology.abstract_devices(topo))
     off = {"xla_tpu_enable_windowed_einsum_for_all_gather",
            "xla_tpu_enable_windowed_einsum_for_reduce_scatter"}
     for sets, kept in ((["model.dropout_rate=0.1", "model.remat=full"], off - {
@@ -413,19 +426,19 @@ def test_search_ranks_fitting_meshes_and_says_why_none_fits(capsys):
     full = compiled("gpt2_tiny", "v5litepod-1", "model.remat=full")["bytes_per_chip"]["total"]
     none = compiled("gpt2_tiny", "v5litepod-1", "model.remat=none")["bytes_per_chip"]["total"]
     cfg = config_lib.load_config("gpt2_tiny", SMALL["gpt2_tiny"])
-    topo = aot.parse_topology("v5litepod-1")
-    res = aot.search(cfg, topo, hbm_bytes=(full + none) // 2, log=lambda s: None, max_accum=1)
+    topo = tpu_topology.parse_topology("v5litepod-1")
+    res = search.search(cfg, topo, hbm_bytes=(full + none) // 2, log=lambda s: None, max_accum=1)
     assert res["best"] is not None and res["best"]["fits"]
     assert res["best"]["remat"] in ("minimal", "full")
     assert all(a["est_step_seconds"] <= b["est_step_seconds"]
                for a, b in zip(res["candidates"], res["candidates"][1:]))
     # the command: one JSON object on stdout, the candidates' log on stderr
     args = ["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-1", "--search",
-            "--json", "--hbm-gib", str((full + none) / 2 / aot.GiB)]
+            "--json", "--hbm-gib", str((full + none) / 2 / GiB)]
     assert cli.main(args + [a for x in SMALL["gpt2_tiny"] for a in ("--set", x)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["best"]["remat"] == res["best"]["remat"] and out["candidates"]
-    res = aot.search(cfg, topo, hbm_bytes=1024, log=lambda s: None, max_accum=1)
+    res = search.search(cfg, topo, hbm_bytes=1024, log=lambda s: None, max_accum=1)
     assert res["best"] is None and "nothing fits" in res["why_none"]
     assert "GiB" in res["why_none"] and "larger slice" in res["why_none"]
 
@@ -444,7 +457,7 @@ def _saved_bytes(remat, capsys):
     jax.ad_checkpoint.print_saved_residuals(
         lambda p: model.apply({"params": p}, batch)["logits"].sum(), params)
     lines = capsys.readouterr().out.splitlines()  # "f32[2,32,128] from ..." per residual
-    return sum(aot._shape_bytes(line.split(" ")[0]) for line in lines)
+    return sum(hlo_cost._shape_bytes(line.split(" ")[0]) for line in lines)
 
 
 @pytest.mark.parametrize("platform", ["cpu", "tpu"])
@@ -494,12 +507,14 @@ def test_xla_out_of_memory_is_a_does_not_fit_report():
     mesh = types.SimpleNamespace(size=4, shape={"data": 4, "fsdp": 1, "tensor": 1})
     msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
            "temporaries (252.71G) exceeds available HBM (95.74G).")
-    r = aot._out_of_memory(cfg, aot.parse_topology("v5p-8"), mesh, abstract, 8e12, msg, 1.0)
-    r = dict(r, fits=False, hbm_bytes_per_chip=aot.CHIPS["v5p"].hbm_bytes, headroom_bytes=0)
+    r = tpu_compile._out_of_memory(cfg, tpu_topology.parse_topology("v5p-8"), mesh, abstract,
+                                   8e12, msg, 1.0)
+    r = dict(r, fits=False, hbm_bytes_per_chip=tpu_topology.CHIPS["v5p"].hbm_bytes,
+             headroom_bytes=0)
     # XLA's figure is the program's peak, arguments included (the test above)
-    assert not r["compiled"] and r["bytes_per_chip"]["total"] == int(252.71 * aot.GiB)
-    assert r["bytes_per_chip"]["temp"] == int(252.71 * aot.GiB) - 3 * 2 ** 20
-    text = aot.format_report(r)
+    assert not r["compiled"] and r["bytes_per_chip"]["total"] == int(252.71 * GiB)
+    assert r["bytes_per_chip"]["temp"] == int(252.71 * GiB) - 3 * 2 ** 20
+    text = report.format_report(r)
     assert "DOES NOT FIT" in text and "--search" in text
 
 
@@ -547,7 +562,7 @@ def _residual_bytes(platform, capsys, **sets):
             lambda p: model.apply({"params": p}, batch)["logits"].astype(jnp.float32).sum(),
             params)
     lines = capsys.readouterr().out.splitlines()
-    return sum(aot._shape_bytes(line.split(" ")[0]) for line in lines), lines
+    return sum(hlo_cost._shape_bytes(line.split(" ")[0]) for line in lines), lines
 
 
 def test_accelerator_path_keeps_no_float32_norm_or_probability_residuals(capsys):
@@ -570,7 +585,7 @@ def test_attention_heavy_bf16_step_stays_within_the_analytic_floor():
         "model.num_decoder_layers=1", "model.num_heads=12", "model.vocab_size=256",
         "model.remat=none", "data.batch_size=16", "data.feature_lengths.inputs=512",
         "data.feature_lengths.targets=8"])
-    r = aot.compile_step(cfg, aot.parse_topology("v5litepod-1"))
+    r = tpu_compile.compile_step(cfg, tpu_topology.parse_topology("v5litepod-1"))
     probs = 16 * 12 * 512 * 512 * 2  # one layer's bf16 probabilities
     assert r["bytes_per_chip"]["temp"] > 4 * probs  # the probabilities are stored ...
     assert r["total_over_analytic"] < 1.2, r["analytic_bytes_per_chip"]  # ... and little else
@@ -580,7 +595,7 @@ def test_analytic_floor_orders_remat_policies_and_scales_with_batch():
     def floor(remat, batch=32, mesh=None):
         cfg = config_lib.load_config("t5_1_1_base", [f"model.remat={remat}",
                                                      f"data.batch_size={batch}"])
-        return aot.analytic_bytes(cfg, mesh or {"data": 1, "fsdp": 8, "tensor": 1},
+        return memory.analytic_bytes(cfg, mesh or {"data": 1, "fsdp": 8, "tensor": 1},
                                   params=1000, opt_state=500)
 
     saved = {p: floor(p)["saved"] for p in ("none", "minimal", "full")}

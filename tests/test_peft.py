@@ -384,10 +384,10 @@ def test_trainer_logs_counts_and_writes_peft_params(tmp_path, capsys):
 
 def _train_step_memory(cfg):
     """(temp, argument) bytes of the compiled train step on one CPU device (deterministic)."""
-    from t5lite.tpu import aot
+    from t5lite.tpu import compile as tpu_compile
     mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
-    _, traced = aot.trace_train_step(cfg, mesh, build_model(cfg.model),
-                                      peft.make_optimizer(cfg, cfg.train.steps))
+    _, traced = tpu_compile.trace_train_step(cfg, mesh, build_model(cfg.model),
+                                              peft.make_optimizer(cfg, cfg.train.steps))
     with partitioning.activate(mesh):
         m = traced.lower().compile().memory_analysis()
     return m.temp_size_in_bytes, m.argument_size_in_bytes

@@ -79,35 +79,35 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
                     do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
     """`t5lite compile`: one report (or a search) for a config on a TPU topology, as JSON
     (one object on stdout) or text."""
-    from t5lite.tpu import aot
+    from t5lite.tpu import compile as tpu_compile, report, search, topology as tpu_topology
     from t5lite import config as config_lib
-    topo = aot.parse_topology(topology)
-    aot.require_libtpu()
+    topo = tpu_topology.parse_topology(topology)
+    tpu_topology.require_libtpu()
     cfg = config_lib.load_config(config_name, list(overrides))
-    hbm = int(hbm_gib * aot.GiB) if hbm_gib > 0 else 0
+    hbm = int(hbm_gib * tpu_topology.GiB) if hbm_gib > 0 else 0
     if decode:
         if do_search:
             raise UserError("--search explores training settings; drop it with --decode")
-        r = aot.compile_decode(cfg, topo, hbm_bytes=hbm)
-        out(json.dumps(r) if as_json else aot.format_decode_report(r))
+        r = tpu_compile.compile_decode(cfg, topo, hbm_bytes=hbm)
+        out(json.dumps(r) if as_json else report.format_decode_report(r))
         return r
     if do_search:
-        res = aot.search(cfg, topo, hbm, log=(lambda s: print(s, file=sys.stderr)) if as_json
-                         else out)
+        res = search.search(cfg, topo, hbm, log=(lambda s: print(s, file=sys.stderr)) if as_json
+                            else out)
         if as_json:
             out(json.dumps({k: v for k, v in res.items() if k != "tried"}, default=str))
         elif res["best"]:
             out("fitting, fastest first:")
             for r in res["candidates"]:
                 out(f"  {r['est_step_seconds'] * 1e3:8.2f} ms  est MFU {r['est_mfu']:.1%}  "
-                    f"{r['bytes_per_chip']['total'] / aot.GiB:6.2f} GiB  --set "
+                    f"{r['bytes_per_chip']['total'] / tpu_topology.GiB:6.2f} GiB  --set "
                     + " --set ".join(r["set"]))
-            out(aot.format_report(res["best"]))
+            out(report.format_report(res["best"]))
         else:
             out(res["why_none"])
         return res
-    r = aot.compile_step(cfg, topo, hbm_bytes=hbm)
-    out(json.dumps(r) if as_json else aot.format_report(r))
+    r = tpu_compile.compile_step(cfg, topo, hbm_bytes=hbm)
+    out(json.dumps(r) if as_json else report.format_report(r))
     return r
 
 

@@ -1,1 +1,21 @@
-"""Compiling for a TPU slice on any host: topology and chip facts, AOT compile, HLO cost, mesh search, reports."""
+"""Compiling for a TPU slice on any host (libtpu, no TPU needed). One concern per module,
+imports downward: topology <- hlo_cost, memory <- compile <- search; report formats results.
+
+Public entry points:
+- `topology.parse_topology(name) -> Topology`, `topology.abstract_devices(topo)`,
+  `topology.require_libtpu()`; `topology.CHIPS` / `topology.peak_flops(device_kind)`: the one
+  chip table (HBM, bandwidths, peak FLOP/s; the training logs' MFU reads it too);
+- `compile.compile_step(cfg, topo, devices=None, hbm_bytes=0) -> dict`: compile cfg's train
+  step for the slice, in process (cached per config and topology) -> the report
+  (`t5lite compile --json` prints the same dict; CONTRACTS.md lists its keys);
+  `compile.compile_decode(...)` the same for the decoding program;
+  `compile.trace_train_step(cfg, mesh, model, tx)` the traced step on any devices;
+- `search.search(cfg, topo, hbm_bytes=0)`: meshes x remat x micro-batches, fastest fit first;
+- `report.format_report(r)` / `report.format_decode_report(r)`: the text `t5lite compile`
+  prints;
+- `hlo_cost.hlo_costs(hlo_text, chip)`, `hlo_cost.roofline_seconds(hlo, chip)`: costs of a
+  compiled HLO module; `memory.memory_bytes(mem)` / `memory.analytic_bytes(...)`: per-chip
+  memory of a compiled program and the shapes' floor;
+- `compiler_options.compiler_options(cfg)`: XLA options of a program compiled for TPU
+  (train.partitioning.compiler_options asks here).
+"""
