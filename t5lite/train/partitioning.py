@@ -123,22 +123,12 @@ def logical_sharding(logical_specs, mesh, rules=LOGICAL_RULES):
 
 
 def compiler_options(cfg, mesh) -> dict:
-    """XLA options for programs jitted over ``mesh``: on TPU, collective matmuls only when
-    mesh.collective_matmul asks for them (config.MeshConfig); nothing elsewhere.
-
-    One exception, a libtpu bug worked around: with the all-gather ones off, libtpu 0.0.42.1
-    overflows a compiler thread's stack (SIGSEGV after buffer assignment) on the scanned,
-    rematerialised T5 v1.0 3B step with dropout (2+2 layers enough; v1.1 XL with the same
-    dropout and remat compiles, and so do GPT-2 small..large), so an encoder-decoder step with
-    dropout under remat keeps them (GPT-2 with them: 36% est. MFU instead of 52%)."""
-    if mesh.devices.flat[0].platform != "tpu" or cfg.mesh.collective_matmul:
+    """XLA options for programs jitted over ``mesh``: on TPU, tpu.compiler_options' (collective
+    matmuls only when mesh.collective_matmul asks for them); nothing elsewhere."""
+    if mesh.devices.flat[0].platform != "tpu":
         return {}
-    options = {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
-               "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
-    m = cfg.model
-    if m.dropout_rate > 0 and m.remat != "none" and m.architecture == "encoder_decoder":
-        del options["xla_tpu_enable_windowed_einsum_for_all_gather"]
-    return options
+    from t5lite.tpu import compiler_options as tpu_compiler_options
+    return tpu_compiler_options.compiler_options(cfg)
 
 
 def batch_sharding(mesh) -> NamedSharding:
