@@ -76,9 +76,10 @@ _xent.defvjp(_xent_fwd, _xent_bwd)
 
 
 def _is_top1(logits, targets):
-    """argmax(logits) == targets, as "the target's logit is the maximum" (ties aside): a plain
-    max-reduce, where XLA:CPU's (value, index) argmax reduce over a vocabulary is far slower
-    (bench/RESULTS.md)."""
+    """argmax(logits) == targets, written as "the target's logit is the maximum" (a tie counts
+    as correct). The same form on every backend, so accuracy means one thing everywhere; it is
+    written this way because a plain max-reduce is cheap everywhere, where XLA:CPU runs the
+    (value, index) reduce of argmax over a vocabulary far slower (bench/RESULTS.md)."""
     label = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return label >= jnp.max(logits, axis=-1)
 
