@@ -1,10 +1,11 @@
-"""The built-in tasks and mixtures as data: what `t5lite tasks list` shows, without seqio.
+"""The built-in tasks and mixtures as data: the one definition of what t5lite registers with
+seqio and what `t5lite tasks list` shows.
 
-Importing t5lite.tasks registers every task with seqio, which imports TensorFlow (seconds), so
-this table lives outside that package and imports nothing heavy. The tables the registration
-iterates (vocabularies, finetuning sets, mixtures, the ablation variants) are defined here and
-imported by t5lite/tasks/registry.py and ablation_tasks.py; tests/test_listings.py checks that
-rows() equals what seqio's registries hold, so a task registered without its row here fails CI.
+task_specs() and mixture_specs() expand the tables below into one spec per task and mixture;
+t5lite/tasks/builtin.py registers exactly those specs (a new built-in task is a new table
+entry here), and rows() shows them. Importing t5lite.tasks registers every task with seqio,
+which imports TensorFlow (seconds), so the catalog lives outside that package and imports
+nothing heavy. tests/test_listings.py checks that rows() equals what seqio's registries hold.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ LAYOUT_FEATURES = {
     "bert_span": ("inputs", "targets", "loss_weights", "span_left", "span_right",
                   "span_offset"),
 }
-# registry.OBJECTIVES (preprocessors, layout, description) -> corpus_<objective>: the layouts
-# again here, as the listing needs them without seqio (the catalog test compares the two)
+# pretraining objective (its preprocessors: registry.OBJECTIVE_STEPS) -> feature layout; each
+# is registered as corpus_<objective> with the default vocabulary
 OBJECTIVE_LAYOUTS = {
     "span_corruption": "encdec", "iid_denoising": "encdec", "bert_denoising": "encdec",
     "mass_denoising": "encdec", "drop_tokens": "encdec", "deshuffling": "encdec",
@@ -60,18 +61,20 @@ CLASSIFICATION_VOCABS = ("t5lite_sp8k", "bert")  # sentiment_cls[_bert] (encoder
 LOCAL_MIXTURES = {"finetune_local": "proportional", "finetune_local_temperature": "temperature",
                   "finetune_local_equal": "equal"}
 
-# the T5 paper's ablation tables (ablation_tasks.py)
+# the T5 paper's ablation tables (tasks/ablation_tasks.py explains them)
 IID_RATES = (10, 25, 50)  # percent; 15 = corpus_iid_denoising
 SPAN_LENGTHS = (2, 5, 10)  # mean span length; 3 = corpus_span_corruption
 MULTITASK_K = (16, 17, 18, 19, 20, 21)  # the paper's log2 K
 TEMPERATURES = (2, 4, 8)
+# the local sets are far smaller than the paper's, so Table 11's K is scaled for them
+K_SCALE = 2.0 ** -5
 MULTITASK_BASE = "corpus_iid_denoising"
 PAPER_MULTITASK_BASE = "c4_iid_denoising"
 # objective variants registered on C4 for --scale paper (c4_<name>)
 C4_OBJECTIVES = ("span_corruption", "iid_denoising", "bert_denoising", "mass_denoising",
                  "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm"
                  ) + BART_OBJECTIVES
-# the paper's benchmarks (formats.register_paper_tasks, TFDS): task -> metric names
+# the paper's benchmarks (TFDS; their formats in tasks/formats.py): task -> metric names
 PAPER_GLUE_METRICS = {
     "cola": ("matthews_corrcoef",), "sst2": ("accuracy",), "mrpc": ("f1_binary", "accuracy"),
     "qqp": ("f1_binary", "accuracy"), "stsb": ("pearson_corrcoef", "spearman_corrcoef"),
@@ -83,6 +86,134 @@ PAPER_SUPERGLUE_METRICS = {
 PAPER_OTHER_METRICS = {"paper_squad": ("squad",), "paper_cnn_dailymail": ("rouge",),
                        "paper_wmt_ende": ("bleu",), "paper_wmt_enfr": ("bleu",),
                        "paper_wmt_enro": ("bleu",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One built-in task: what tasks/builtin.py needs to register it.
+
+    recipe: pretraining (``objective`` with ``options``, its keyword arguments, as pairs),
+    finetune (text-to-text over a local set), classification ([CLS] input -> class_labels),
+    decoder_classification (text -> class_labels, GPT heads) or benchmark (the paper's, from
+    TFDS: tasks/formats.py). source: the local data set it reads (a `t5lite data prepare`
+    name), "c4" (TFDS) or "" (a benchmark's own TFDS set). paper: registered for `--scale
+    paper`, with a vocabulary that ablation_tasks.register_paper may change.
+    """
+
+    name: str
+    recipe: str
+    vocabulary: str
+    source: str = ""
+    objective: str = ""
+    options: tuple = ()
+    metrics: tuple = ()  # metric names in tasks/metrics.py
+    paper: bool = False
+
+    def features(self) -> tuple:
+        if self.recipe == "pretraining":
+            return LAYOUT_FEATURES[OBJECTIVE_LAYOUTS[self.objective]]
+        return {"classification": ("inputs", "class_labels"),
+                "decoder_classification": ("targets", "class_labels")}.get(
+                    self.recipe, ("inputs", "targets"))
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureSpec:
+    """One built-in mixture: its tasks and rate (registry.register_mixture's arguments)."""
+
+    name: str
+    members: tuple
+    rate: str = "proportional"  # proportional | temperature | equal
+    cap: int = 2 ** 16
+    temperature: float = 2.0
+    paper: bool = False
+
+
+def _pretraining(name, objective, vocab=DEFAULT_VOCAB, **options) -> TaskSpec:
+    return TaskSpec(name, "pretraining", vocab, "corpus", objective, tuple(options.items()))
+
+
+def _c4(name, objective, **options) -> TaskSpec:
+    return TaskSpec(name, "pretraining", "t5", "c4", objective, tuple(options.items()),
+                    paper=True)
+
+
+def _local_task_specs() -> list[TaskSpec]:
+    specs = [_pretraining(f"corpus_{o}", o) for o in OBJECTIVE_LAYOUTS]
+    specs += [_pretraining(f"corpus_{o}{VOCAB_SUFFIX[vocab]}", o, vocab)
+              for vocab, names in OTHER_VOCAB_OBJECTIVES.items() for o in names]
+    specs += [TaskSpec(dataset + VOCAB_SUFFIX[vocab], "finetune", vocab, dataset,
+                       metrics=metrics)
+              for dataset, (_, metrics, _) in FINETUNE.items() for vocab in FINETUNE_VOCABS]
+    specs += [TaskSpec("sentiment_cls" + VOCAB_SUFFIX[vocab], "classification", vocab,
+                       "sentiment", metrics=("accuracy",)) for vocab in CLASSIFICATION_VOCABS]
+    specs.append(TaskSpec("sentiment_cls_gpt2", "decoder_classification", "gpt2", "sentiment",
+                          metrics=("accuracy",)))
+    specs += [_pretraining(f"corpus_iid_denoising_rate{rate}", "iid_denoising",
+                           noise_density=rate / 100) for rate in IID_RATES]
+    specs += [_pretraining(f"corpus_span_corruption_len{length}", "span_corruption",
+                           mean_noise_span_length=float(length)) for length in SPAN_LENGTHS]
+    return specs
+
+
+def _paper_task_specs() -> list[TaskSpec]:
+    specs = [_c4(f"c4_{o}", o) for o in C4_OBJECTIVES]
+    specs += [_c4(f"c4_iid_denoising_rate{rate}", "iid_denoising", noise_density=rate / 100)
+              for rate in IID_RATES]
+    specs += [_c4(f"c4_span_corruption_len{length}", "span_corruption",
+                  mean_noise_span_length=float(length)) for length in SPAN_LENGTHS]
+    benchmarks = {**{f"paper_glue_{t}": m for t, m in PAPER_GLUE_METRICS.items()},
+                  **{f"paper_super_glue_{t}": m for t, m in PAPER_SUPERGLUE_METRICS.items()},
+                  **PAPER_OTHER_METRICS}
+    specs += [TaskSpec(name, "benchmark", "t5", metrics=metrics, paper=True)
+              for name, metrics in benchmarks.items()]
+    return specs
+
+
+def task_specs() -> list[TaskSpec]:
+    """Every built-in task: the local ones, then those for `--scale paper`."""
+    return _local_task_specs() + _paper_task_specs()
+
+
+def paper_multitask_members() -> list[str]:
+    return ([PAPER_MULTITASK_BASE] + [f"paper_glue_{t}" for t in PAPER_GLUE_METRICS]
+            + [f"paper_super_glue_{t}" for t in PAPER_SUPERGLUE_METRICS]
+            + list(PAPER_OTHER_METRICS))
+
+
+def multitask_members() -> list[str]:
+    """Table 11's local multi-task mixture: the unsupervised task and every finetuning set."""
+    return [MULTITASK_BASE] + list(FINETUNE)
+
+
+def scaled_k(log2_k: int) -> int:
+    return int(2 ** log2_k * K_SCALE)
+
+
+def _multitask_specs(prefix: str, members: list, cap, paper: bool) -> list[MixtureSpec]:
+    """Table 11's mixtures: examples-proportional at each K, temperature-scaled, equal."""
+    members = tuple(members)
+    return ([MixtureSpec(f"{prefix}_k{k}", members, "proportional", cap(k), paper=paper)
+             for k in MULTITASK_K]
+            + [MixtureSpec(f"{prefix}_temperature{t}", members, "temperature", cap(21),
+                           float(t), paper=paper) for t in TEMPERATURES]
+            + [MixtureSpec(f"{prefix}_equal", members, "equal", paper=paper)])
+
+
+def mixture_specs() -> list[MixtureSpec]:
+    """Every built-in mixture: the local ones, then those for `--scale paper`."""
+    local = tuple(FINETUNE)
+    specs = [MixtureSpec(name, local, rate) for name, rate in LOCAL_MIXTURES.items()]
+    specs.append(MixtureSpec("pretrain_finetune_local", ("corpus_span_corruption",) + local))
+    specs += _multitask_specs("multitask", multitask_members(), scaled_k, paper=False)
+    specs += [MixtureSpec("paper_glue", tuple(f"paper_glue_{t}" for t in PAPER_GLUE_METRICS),
+                          cap=2 ** 21, paper=True),
+              MixtureSpec("paper_super_glue",
+                          tuple(f"paper_super_glue_{t}" for t in PAPER_SUPERGLUE_METRICS),
+                          cap=2 ** 21, paper=True)]
+    specs += _multitask_specs("paper_multitask", paper_multitask_members(),
+                              lambda log2_k: 2 ** log2_k, paper=True)
+    return specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,76 +234,20 @@ class Row:
         return [self.name, self.kind, ",".join(self.features), self.vocabulary, last]
 
 
-def _task(name, features, vocab, metrics=(), source="") -> Row:
-    _, column, dataset = VOCABS[vocab]
-    return Row(name, "task", tuple(sorted(features)), column, tuple(metrics),
-               needs=((source,) if source else ()) + (dataset,))
-
-
-def paper_multitask_members() -> list[str]:
-    return ([PAPER_MULTITASK_BASE] + [f"paper_glue_{t}" for t in PAPER_GLUE_METRICS]
-            + [f"paper_super_glue_{t}" for t in PAPER_SUPERGLUE_METRICS]
-            + list(PAPER_OTHER_METRICS))
-
-
-def _task_rows() -> list[Row]:
-    rows = []
-    for objective, layout in OBJECTIVE_LAYOUTS.items():
-        rows.append(_task(f"corpus_{objective}", LAYOUT_FEATURES[layout], DEFAULT_VOCAB,
-                          source="corpus"))
-    for vocab, objectives in OTHER_VOCAB_OBJECTIVES.items():
-        for objective in objectives:
-            rows.append(_task(f"corpus_{objective}{VOCAB_SUFFIX[vocab]}",
-                              LAYOUT_FEATURES[OBJECTIVE_LAYOUTS[objective]], vocab,
-                              source="corpus"))
-    for dataset, (_, metrics, _) in FINETUNE.items():
-        for vocab in FINETUNE_VOCABS:
-            rows.append(_task(dataset + VOCAB_SUFFIX[vocab], ("inputs", "targets"), vocab,
-                              metrics, source=dataset))
-    for vocab in CLASSIFICATION_VOCABS:
-        rows.append(_task("sentiment_cls" + VOCAB_SUFFIX[vocab], ("inputs", "class_labels"),
-                          vocab, ("accuracy",), source="sentiment"))
-    rows.append(_task("sentiment_cls_gpt2", ("targets", "class_labels"), "gpt2", ("accuracy",),
-                      source="sentiment"))  # classification.py (decoder-only heads)
-    for rate in IID_RATES:
-        rows.append(_task(f"corpus_iid_denoising_rate{rate}", LAYOUT_FEATURES["encdec"],
-                          DEFAULT_VOCAB, source="corpus"))
-    for length in SPAN_LENGTHS:
-        rows.append(_task(f"corpus_span_corruption_len{length}", LAYOUT_FEATURES["encdec"],
-                          DEFAULT_VOCAB, source="corpus"))
-    c4 = {f"c4_{o}": OBJECTIVE_LAYOUTS[o] for o in C4_OBJECTIVES}  # --scale paper: TFDS C4
-    c4.update({f"c4_iid_denoising_rate{r}": "encdec" for r in IID_RATES})
-    c4.update({f"c4_span_corruption_len{n}": "encdec" for n in SPAN_LENGTHS})
-    rows += [_task(name, LAYOUT_FEATURES[layout], "t5") for name, layout in c4.items()]
-    paper = {**{f"paper_glue_{t}": m for t, m in PAPER_GLUE_METRICS.items()},
-             **{f"paper_super_glue_{t}": m for t, m in PAPER_SUPERGLUE_METRICS.items()},
-             **PAPER_OTHER_METRICS}
-    rows += [_task(name, ("inputs", "targets"), "t5", metrics) for name, metrics in paper.items()]
-    return rows
-
-
-def _mixture_members() -> dict[str, list[str]]:
-    local = list(FINETUNE)
-    mixtures = {name: local for name in LOCAL_MIXTURES}
-    mixtures["pretrain_finetune_local"] = ["corpus_span_corruption"] + local
-    multitask = [MULTITASK_BASE] + local
-    paper = paper_multitask_members()
-    for prefix, members in (("multitask", multitask), ("paper_multitask", paper)):
-        mixtures.update({f"{prefix}_k{k}": members for k in MULTITASK_K})
-        mixtures.update({f"{prefix}_temperature{t}": members for t in TEMPERATURES})
-        mixtures[f"{prefix}_equal"] = members
-    mixtures["paper_glue"] = [f"paper_glue_{t}" for t in PAPER_GLUE_METRICS]
-    mixtures["paper_super_glue"] = [f"paper_super_glue_{t}" for t in PAPER_SUPERGLUE_METRICS]
-    return mixtures
+def _task_row(spec: TaskSpec) -> Row:
+    _, column, vocab_dataset = VOCABS[spec.vocabulary]
+    local_source = (spec.source,) if spec.source and spec.source != "c4" else ()
+    return Row(spec.name, "task", tuple(sorted(spec.features())), column, spec.metrics,
+               needs=local_source + (vocab_dataset,))
 
 
 def rows() -> list[Row]:
     """Every built-in task (by name), then every mixture (by name)."""
-    tasks = {r.name: r for r in _task_rows()}
+    tasks = {spec.name: _task_row(spec) for spec in task_specs()}
     out = [tasks[n] for n in sorted(tasks)]
-    for name, members in sorted(_mixture_members().items()):
-        members = sorted(members)
+    for mixture in sorted(mixture_specs(), key=lambda m: m.name):
+        members = sorted(mixture.members)
         needs = tuple(dict.fromkeys(n for m in members for n in tasks[m].needs))
-        out.append(Row(name, "mixture", tasks[members[0]].features, "", members=tuple(members),
-                       needs=needs))
+        out.append(Row(mixture.name, "mixture", tasks[members[0]].features, "",
+                       members=tuple(members), needs=needs))
     return out

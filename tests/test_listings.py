@@ -37,8 +37,10 @@ def test_models_and_tasks_list_do_not_import_tensorflow(tmp_path):
 
 
 def test_task_catalog_is_what_seqio_registers():
-    """Every built-in task and mixture, as `tasks list` shows it, equals the seqio registry's
-    (a task registered without its task_catalog row, or with another one, fails here).
+    """Every built-in task and mixture, as `tasks list` shows it, equals the seqio registry's:
+    tasks/builtin.py registers exactly task_catalog's specs, so a recipe that registers
+    something other than its spec says (features, vocabulary, metrics, members, the data it
+    reads), or a task registered outside the catalog, fails here.
     The registry is read in a fresh process: other tests register their own tasks into this
     process's seqio registry (test_formats' glue_* on fixtures), which `tasks list` would not
     show a user."""

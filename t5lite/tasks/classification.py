@@ -84,11 +84,6 @@ def register_decoder_classification_task(name: str, dataset: str, label_names: S
         shuffle_buffer_size=registry.FINETUNE_SHUFFLE_BUFFER)
 
 
-def register() -> None:
-    register_decoder_classification_task("sentiment_cls_gpt2", "sentiment",
-                                         registry.FINETUNE["sentiment"][2])
-
-
 # ----------------------------------------------------------------------------- tagging
 
 

@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import seqio
 import tensorflow as tf
 
+from t5lite import task_catalog
 from t5lite.errors import UserError
 from t5lite.tasks import metrics, registry
 
@@ -45,54 +46,63 @@ class Benchmark:
     file_labels: Optional[tuple] = None  # label strings in the file, by TFDS id
 
 
-_binary_f1 = (metrics.f1_binary, metrics.accuracy)
+def _glue_metrics(task: str) -> tuple:
+    """A benchmark's metrics are named in task_catalog (its paper_glue_* row shows them)."""
+    return tuple(metrics.by_name(task_catalog.PAPER_GLUE_METRICS[task]))
+
+
+def _superglue_metrics(task: str) -> tuple:
+    return tuple(metrics.by_name(task_catalog.PAPER_SUPERGLUE_METRICS[task]))
+
+
 GLUE = {b.name: b for b in [
     Benchmark("cola", ("sentence",), ("unacceptable", "acceptable"),
-              (metrics.matthews_corrcoef,), {"sentence": 3, "label": 1}),
-    Benchmark("sst2", ("sentence",), ("negative", "positive"), (metrics.accuracy,),
+              _glue_metrics("cola"), {"sentence": 3, "label": 1}),
+    Benchmark("sst2", ("sentence",), ("negative", "positive"), _glue_metrics("sst2"),
               {"sentence": "sentence", "label": "label"}),
-    Benchmark("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"), _binary_f1,
+    Benchmark("mrpc", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"),
+              _glue_metrics("mrpc"),
               {"sentence1": "#1 String", "sentence2": "#2 String", "label": "Quality"}),
-    Benchmark("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"), _binary_f1,
+    Benchmark("qqp", ("question1", "question2"), ("not_duplicate", "duplicate"),
+              _glue_metrics("qqp"),
               {"question1": "question1", "question2": "question2", "label": "is_duplicate"}),
-    Benchmark("stsb", ("sentence1", "sentence2"), None,
-              (metrics.pearson_corrcoef, metrics.spearman_corrcoef),
+    Benchmark("stsb", ("sentence1", "sentence2"), None, _glue_metrics("stsb"),
               {"sentence1": "sentence1", "sentence2": "sentence2", "label": "score"}),
     Benchmark("mnli", ("hypothesis", "premise"), ("entailment", "neutral", "contradiction"),
-              (metrics.accuracy,),
+              _glue_metrics("mnli"),
               {"premise": "sentence1", "hypothesis": "sentence2", "label": "gold_label"},
               ("entailment", "neutral", "contradiction")),
     Benchmark("qnli", ("question", "sentence"), ("entailment", "not_entailment"),
-              (metrics.accuracy,), {"question": "question", "sentence": "sentence",
-                                    "label": "label"}, ("entailment", "not_entailment")),
+              _glue_metrics("qnli"), {"question": "question", "sentence": "sentence",
+                                      "label": "label"}, ("entailment", "not_entailment")),
     Benchmark("rte", ("sentence1", "sentence2"), ("entailment", "not_entailment"),
-              (metrics.accuracy,), {"sentence1": "sentence1", "sentence2": "sentence2",
-                                    "label": "label"}, ("entailment", "not_entailment")),
+              _glue_metrics("rte"), {"sentence1": "sentence1", "sentence2": "sentence2",
+                                     "label": "label"}, ("entailment", "not_entailment")),
     Benchmark("wnli", ("sentence1", "sentence2"), ("not_entailment", "entailment"),
-              (metrics.accuracy,), {"sentence1": "sentence1", "sentence2": "sentence2",
-                                    "label": "label"}),
+              _glue_metrics("wnli"), {"sentence1": "sentence1", "sentence2": "sentence2",
+                                      "label": "label"}),
 ]}
 GLUE_FILES = {"train": "train.tsv", "validation": "dev.tsv"}
 MNLI_FILES = {"train": "train.tsv", "validation_matched": "dev_matched.tsv",
               "validation_mismatched": "dev_mismatched.tsv"}
 
 SUPERGLUE = {b.name: b for b in [
-    Benchmark("boolq", ("passage", "question"), ("False", "True"), (metrics.accuracy,)),
+    Benchmark("boolq", ("passage", "question"), ("False", "True"), _superglue_metrics("boolq")),
     Benchmark("cb", ("hypothesis", "premise"), ("entailment", "contradiction", "neutral"),
-              (metrics.accuracy, metrics.f1_macro),
+              _superglue_metrics("cb"),
               file_labels=("entailment", "contradiction", "neutral")),
     Benchmark("copa", ("choice1", "choice2", "premise", "question"), ("choice1", "choice2"),
-              (metrics.accuracy,)),
+              _superglue_metrics("copa")),
     # MultiRC: one example per (question, answer); T5 reports exact match per question and
     # F1 over answers; here accuracy and F1 over the answers (no per-question grouping)
     Benchmark("multirc", ("answer", "paragraph", "question"), ("False", "True"),
-              (metrics.f1_binary, metrics.accuracy)),
+              _superglue_metrics("multirc")),
     Benchmark("rte", ("hypothesis", "premise"), ("entailment", "not_entailment"),
-              (metrics.accuracy,), file_labels=("entailment", "not_entailment")),
+              _superglue_metrics("rte"), file_labels=("entailment", "not_entailment")),
     Benchmark("wic", ("sentence1", "sentence2", "word"), ("False", "True"),
-              (metrics.accuracy,)),
+              _superglue_metrics("wic")),
     Benchmark("wsc", ("span1_text", "span2_text", "text"), ("False", "True"),
-              (metrics.accuracy,)),
+              _superglue_metrics("wsc")),
 ]}
 # ReCoRD (the eighth SuperGLUE task) is a cloze with entity answers: record_text below
 SUPERGLUE_FILES = {"train": "train.jsonl", "validation": "val.jsonl"}
@@ -389,38 +399,56 @@ def _wmt_tfds(src: str, tgt: str, src_name: str, tgt_name: str):
                              target_language=tgt_name, source_key=src, target_key=tgt)
 
 
-def register_paper_tasks(vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:
-    """The T5 paper's benchmarks from TFDS with the ``t5`` vocabulary (names in PAPER_TASKS):
-    paper_glue_<task> and the mixture paper_glue, paper_super_glue_<task> (all eight) and
-    paper_super_glue, paper_squad, paper_cnn_dailymail, paper_wmt_{ende,enfr,enro}. Nothing
-    is read until a dataset is built."""
+def _paper_benchmarks() -> dict:
+    """paper task name -> (TFDS source, text preprocessors, postprocess_fn)."""
     src = seqio.TfdsDataSource
+    out = {}
     for t, b in GLUE.items():
         splits = (["train", "validation_matched", "validation_mismatched"] if t == "mnli"
                   else ["train", "validation", "test"])
-        _text_task(f"paper_glue_{t}", src(TFDS["glue"].format(task=t), splits=splits),
-                   [functools.partial(text_to_text, benchmark=b, prefix=t)], vocabulary,
-                   b.metric_fns, postprocessor(b))
+        out[f"paper_glue_{t}"] = (src(TFDS["glue"].format(task=t), splits=splits),
+                                  [functools.partial(text_to_text, benchmark=b, prefix=t)],
+                                  postprocessor(b))
     for t, b in SUPERGLUE.items():
         name = "wsc.fixed" if t == "wsc" else t
-        _text_task(f"paper_super_glue_{t}", src(TFDS["super_glue"].format(task=name),
-                                                splits=["train", "validation", "test"]),
-                   [functools.partial(text_to_text, benchmark=b, prefix=t)], vocabulary,
-                   b.metric_fns, postprocessor(b))
-    _text_task("paper_super_glue_record", src(TFDS["super_glue"].format(task="record"),
-                                              splits=["train", "validation", "test"]),
-               [record_text], vocabulary, [metrics.squad], metrics.qa_answers)
-    _text_task("paper_squad", src(TFDS["squad"], splits=["train", "validation"]),
-               [_squad_tfds, squad_text], vocabulary, [metrics.squad], metrics.qa_answers)
-    _text_task("paper_cnn_dailymail", src(TFDS["cnn_dailymail"],
-                                          splits=["train", "validation", "test"]),
-               [summarize_text], vocabulary, [metrics.rouge])
+        out[f"paper_super_glue_{t}"] = (
+            src(TFDS["super_glue"].format(task=name), splits=["train", "validation", "test"]),
+            [functools.partial(text_to_text, benchmark=b, prefix=t)], postprocessor(b))
+    out["paper_super_glue_record"] = (
+        src(TFDS["super_glue"].format(task="record"), splits=["train", "validation", "test"]),
+        [record_text], metrics.qa_answers)
+    out["paper_squad"] = (src(TFDS["squad"], splits=["train", "validation"]),
+                          [_squad_tfds, squad_text], metrics.qa_answers)
+    out["paper_cnn_dailymail"] = (src(TFDS["cnn_dailymail"],
+                                      splits=["train", "validation", "test"]),
+                                  [summarize_text], None)
     for key, (s, t, sn, tn) in {"wmt_ende": ("en", "de", "English", "German"),
                                 "wmt_enfr": ("en", "fr", "English", "French"),
                                 "wmt_enro": ("en", "ro", "English", "Romanian")}.items():
-        _text_task(f"paper_{key}", src(TFDS[key], splits=["train", "validation", "test"]),
-                   [_wmt_tfds(s, t, sn, tn)], vocabulary, [metrics.bleu])
-    registry.register_mixture("paper_glue", PAPER_GLUE, "proportional", cap=2 ** 21)
-    registry.register_mixture("paper_super_glue", PAPER_SUPERGLUE, "proportional",
-                              cap=2 ** 21)
+        out[f"paper_{key}"] = (src(TFDS[key], splits=["train", "validation", "test"]),
+                               [_wmt_tfds(s, t, sn, tn)], None)
+    return out
+
+
+def register_paper_task(name: str, vocabulary: Union[str, seqio.Vocabulary],
+                        metric_names: Sequence[str]) -> str:
+    """One of the T5 paper's benchmarks (a name in PAPER_TASKS) from TFDS."""
+    source, preprocessors, postprocess_fn = _paper_benchmarks()[name]
+    _text_task(name, source, preprocessors, vocabulary, metrics.by_name(metric_names),
+               postprocess_fn)
+    return name
+
+
+def register_paper_tasks(vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:
+    """The T5 paper's benchmarks from TFDS with the ``t5`` vocabulary (names in PAPER_TASKS):
+    paper_glue_<task> and the mixture paper_glue, paper_super_glue_<task> (all eight) and
+    paper_super_glue, paper_squad, paper_cnn_dailymail, paper_wmt_{ende,enfr,enro}, as
+    task_catalog lists them. Nothing is read until a dataset is built."""
+    for spec in task_catalog.task_specs():
+        if spec.recipe == "benchmark":
+            register_paper_task(spec.name, vocabulary, spec.metrics)
+    for mixture in task_catalog.mixture_specs():
+        if mixture.name in ("paper_glue", "paper_super_glue"):
+            registry.register_mixture(mixture.name, mixture.members, mixture.rate,
+                                      cap=mixture.cap)
     return PAPER_TASKS

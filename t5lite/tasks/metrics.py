@@ -153,3 +153,8 @@ def sequence_accuracy(targets, predictions) -> dict:
     """Exact string match (after stripping), for free-form short answers."""
     return {"sequence_accuracy": 100.0 * float(np.mean(
         [_text(t).strip() == _text(p).strip() for t, p in zip(targets, predictions)]))}
+
+
+def by_name(names: Sequence[str]) -> list:
+    """The metric functions of this module named ``names`` (as task_catalog lists them)."""
+    return [globals()[name] for name in names]

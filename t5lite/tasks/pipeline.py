@@ -175,7 +175,7 @@ class ShardedBatches:
         """Raises (FileNotFoundError, tf errors) when the state is missing or damaged."""
         for j, it in zip(self.shards, self.iterators):
             prefix = self._prefix(directory, j)
-            legacy = os.path.join(directory, f"process_{j}")  # before shards: one per process
+            legacy = os.path.join(directory, f"process_{j}")  # older layout: one per process
             if not tf.io.gfile.exists(prefix + ".index") and tf.io.gfile.exists(
                     legacy + ".index"):
                 prefix = legacy
@@ -185,8 +185,8 @@ class ShardedBatches:
 
 
 def saved_num_shards(data_state_dir: str):
-    """The shard count of the newest data_state/<step>/ that has shard files (or, from before
-    shards, process_<i> files: one shard per process), else None."""
+    """The shard count of the newest data_state/<step>/ that has shard files (or, in the older
+    layout, process_<i> files: one shard per process), else None."""
     import re
     if not tf.io.gfile.isdir(data_state_dir):
         return None
@@ -198,7 +198,7 @@ def saved_num_shards(data_state_dir: str):
             m = re.fullmatch(r"shard_\d+_of_(\d+)\.index", name)
             if m:
                 return int(m.group(1))
-        # workdirs written before shards: process_<i> = shard i of the process count
+        # the older layout, process_<i>: shard i of as many shards as processes
         legacy = [n for n in names if re.fullmatch(r"process_\d+\.index", n)]
         if legacy:
             return len(legacy)

@@ -4,9 +4,9 @@ Registering reads nothing from disk: the files under the data dir (dataprep.data
 located when a dataset is built, and a missing file raises UserError naming the
 `t5lite data prepare NAME` command that builds it.
 
-Pretraining tasks: corpus_<objective>[_<vocab>] for the objectives in OBJECTIVES.
-Finetuning tasks: <name>[_<vocab>] for the local finetuning sets in FINETUNE, plus
-sentiment_cls[_bert] (classification with class_labels, for encoder-only models).
+The register_* functions build one task or mixture each; which built-in tasks exist is
+t5lite/task_catalog.py's data, registered by tasks/builtin.py. OBJECTIVE_STEPS holds each
+pretraining objective's preprocessors (its feature layout is in task_catalog.OBJECTIVE_LAYOUTS).
 """
 
 from __future__ import annotations
@@ -155,32 +155,32 @@ def bert_features(vocab, nsp: bool = False, mlm: bool = True, classes: bool = Fa
 # ----------------------------------------------------------------------------- pretraining
 
 
-# objective name -> (preprocessors after tokenization, feature layout, description)
-OBJECTIVES = {
-    "span_corruption": ([objectives.span_corruption], "encdec",
+# objective name -> (preprocessors after tokenization, description); the layout of its
+# features is task_catalog.OBJECTIVE_LAYOUTS[name]
+OBJECTIVE_STEPS = {
+    "span_corruption": ([objectives.span_corruption],
                         "T5 span corruption, 15% noise, mean span 3 (paper's final choice)"),
-    "iid_denoising": ([objectives.iid_denoising], "encdec",
+    "iid_denoising": ([objectives.iid_denoising],
                       "i.i.d. 15% noise, each corrupted span -> one sentinel (paper baseline)"),
-    "bert_denoising": ([objectives.bert_style_denoising], "encdec",
+    "bert_denoising": ([objectives.bert_style_denoising],
                        "BERT-style (the paper's): 15% of tokens, 90% mask / 10% random; "
                        "target = original text"),
-    "mass_denoising": ([objectives.mass_style_denoising], "encdec",
+    "mass_denoising": ([objectives.mass_style_denoising],
                        "MASS-style: 15% of tokens -> mask; target = original text"),
-    "drop_tokens": ([objectives.drop_tokens], "encdec",
-                    "drop 15% of tokens; target = the dropped tokens"),
-    "deshuffling": ([objectives.deshuffling], "encdec", "shuffled tokens -> original order"),
-    "prefix_lm": ([objectives.prefix_lm], "prefix", "random split: prefix -> continuation"),
-    "lm": ([objectives.full_lm], "lm", "decoder language modelling"),
-    "iid_denoising_lm": ([objectives.iid_denoising_lm], "lm",
+    "drop_tokens": ([objectives.drop_tokens], "drop 15% of tokens; target = the dropped tokens"),
+    "deshuffling": ([objectives.deshuffling], "shuffled tokens -> original order"),
+    "prefix_lm": ([objectives.prefix_lm], "random split: prefix -> continuation"),
+    "lm": ([objectives.full_lm], "decoder language modelling"),
+    "iid_denoising_lm": ([objectives.iid_denoising_lm],
                          "i.i.d. 15% denoising as one sequence (inputs EOS targets) for a "
                          "decoder-only LM, loss on all of it"),
     "mlm": ([functools.partial(objectives.bert_pairs, nsp=True), objectives.bert_mlm],
-            "bert_nsp", "BERT: MLM (15%, 80/10/10) + next sentence prediction"),
-    "mlm_only": ([objectives.bert_single, objectives.bert_mlm], "bert",
+            "BERT: MLM (15%, 80/10/10) + next sentence prediction"),
+    "mlm_only": ([objectives.bert_single, objectives.bert_mlm],
                  "BERT MLM (15%, 80/10/10) without NSP, packable"),
     # BART's noising (Lewis et al. 2019, Section 2.2); target = the original chunk
     **{f"bart_{name}": ([functools.partial(objectives.bart_denoising, noises=noises)],
-                        "encdec", f"BART {text}; target = original text")
+                        f"BART {text}; target = original text")
        for name, noises, text in (
            ("infilling", ("infilling",), "text infilling: 30% of tokens in Poisson(3) spans, "
                                          "each span -> one mask"),
@@ -190,7 +190,7 @@ OBJECTIVES = {
            ("masking", ("masking",), "token masking: 30% of tokens -> mask"),
            ("infilling_permutation", ("permutation", "infilling"),
             "text infilling + sentence permutation (the paper's final model)"))},
-    "spanbert": ([objectives.bert_single, objectives.span_mlm], "bert_span",
+    "spanbert": ([objectives.bert_single, objectives.span_mlm],
                  "SpanBERT: whole-word spans (Geo(0.2) <= 10 words) to 15%, 80/10/10 per "
                  "span, boundary features for SBO; no NSP, packable"),
 }
@@ -205,9 +205,11 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
     """A corpus task with one objective; ``objective_kwargs`` set its parameters (e.g.
     noise_density=0.5, mean_noise_span_length=10, inputs_fn=...: any row of the paper's
     Tables 3-5); ``max_tokens`` keeps only that many corpus tokens (Table 7)."""
-    if objective not in OBJECTIVES:
-        raise UserError(f"unknown objective {objective!r}; one of {', '.join(OBJECTIVES)}.")
-    steps, layout, _ = OBJECTIVES[objective]
+    if objective not in OBJECTIVE_STEPS:
+        raise UserError(f"unknown objective {objective!r}; one of "
+                        f"{', '.join(OBJECTIVE_STEPS)}.")
+    steps, _ = OBJECTIVE_STEPS[objective]
+    layout = task_catalog.OBJECTIVE_LAYOUTS[objective]
     if objective_kwargs:
         steps = [functools.partial(steps[0], **objective_kwargs)] + steps[1:]
     vocab = _vocabulary(vocabulary)
@@ -236,10 +238,10 @@ def register_pretraining_task(name: str, objective: str = "span_corruption",
 # ----------------------------------------------------------------------------- finetuning
 
 # Shuffle buffer of every finetuning task (text-to-text and classification): the whole train
-# split of each local set. The prepared files are ordered (sentiment by label: 1,612 positive
-# then 1,622 negative; topic_debian by package name), and seqio's default 1000-example buffer
-# left the first 20 batches of 32 all positive and every epoch drifting from one label to the
-# other, so finetuning chased the label of the moment.
+# split of each local set. The prepared files are ordered (sentiment by label, topic_debian by
+# package name); with seqio's default 1000-example buffer the first batches would hold one label
+# only and each epoch drift from one label to the other, so finetuning would chase the label
+# of the moment.
 FINETUNE_SHUFFLE_BUFFER = 2 ** 16
 
 # name -> (text-to-text prefix, metric_fns, label names or None)
@@ -304,28 +306,3 @@ def register_mixture(name: str, tasks: Sequence[str], rate: Union[str, float, Ca
         raise UserError(f"mixture rate {rate!r}: use proportional, temperature or equal.")
     MixtureRegistry.remove(name)
     return MixtureRegistry.add(name, [(t, fn) for t in tasks])
-
-
-# ----------------------------------------------------------------------------- built-ins
-
-
-def register_builtin():
-    """The built-in tasks of t5lite/task_catalog.py (which `t5lite tasks list` reads)."""
-    for objective in OBJECTIVES:
-        register_pretraining_task(f"corpus_{objective}", objective)
-    for vocab, names in task_catalog.OTHER_VOCAB_OBJECTIVES.items():
-        for objective in names:
-            register_pretraining_task(f"corpus_{objective}{VOCAB_SUFFIX[vocab]}", objective,
-                                      vocabulary=vocab)
-    for dataset, (prefix, fns, _) in FINETUNE.items():
-        for vocab in task_catalog.FINETUNE_VOCABS:
-            register_finetune_task(dataset + VOCAB_SUFFIX[vocab], dataset, prefix, fns,
-                                   vocabulary=vocab)
-    for vocab in task_catalog.CLASSIFICATION_VOCABS:
-        register_classification_task("sentiment_cls" + VOCAB_SUFFIX[vocab], "sentiment",
-                                     FINETUNE["sentiment"][2], vocabulary=vocab)
-    local = list(FINETUNE)
-    for name, rate in task_catalog.LOCAL_MIXTURES.items():
-        register_mixture(name, local, rate)
-    register_mixture("pretrain_finetune_local", ["corpus_span_corruption"] + local,
-                     "proportional")

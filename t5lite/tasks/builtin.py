@@ -1,0 +1,70 @@
+"""Registers t5lite's built-in tasks and mixtures with seqio: exactly the specs of
+t5lite/task_catalog.py (task_specs, mixture_specs), each by its recipe. A new built-in task is
+a new catalog entry; only a new recipe or objective needs code (registry.OBJECTIVE_STEPS,
+formats, classification)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import seqio
+
+from t5lite import task_catalog
+from t5lite.tasks import classification, formats, metrics, registry
+
+
+def _c4_source() -> seqio.DataSource:
+    return seqio.TfdsDataSource(formats.TFDS["c4"], splits=["train", "validation"])
+
+
+def register_task(spec: task_catalog.TaskSpec, vocabulary: Optional[str] = None) -> None:
+    """One catalog task, with its own vocabulary unless ``vocabulary`` is given."""
+    vocab = vocabulary or spec.vocabulary
+    if spec.recipe == "pretraining":
+        from_tfds = spec.source == "c4"  # TFDS c4/en gives {"text": ...}, not lines
+        registry.register_pretraining_task(
+            spec.name, spec.objective, vocabulary=vocab,
+            source=_c4_source() if from_tfds else None, from_lines=not from_tfds,
+            **dict(spec.options))
+    elif spec.recipe == "finetune":
+        prefix = task_catalog.FINETUNE[spec.source][0]
+        registry.register_finetune_task(spec.name, spec.source, prefix,
+                                        metrics.by_name(spec.metrics), vocabulary=vocab)
+    elif spec.recipe == "classification":
+        registry.register_classification_task(spec.name, spec.source,
+                                              task_catalog.FINETUNE[spec.source][2],
+                                              vocabulary=vocab)
+    elif spec.recipe == "decoder_classification":
+        classification.register_decoder_classification_task(
+            spec.name, spec.source, task_catalog.FINETUNE[spec.source][2], vocabulary=vocab)
+    elif spec.recipe == "benchmark":
+        formats.register_paper_task(spec.name, vocab, spec.metrics)
+    else:
+        raise ValueError(f"task_catalog: {spec.name} has an unknown recipe {spec.recipe!r}")
+
+
+def register_mixture(spec: task_catalog.MixtureSpec) -> None:
+    registry.register_mixture(spec.name, spec.members, spec.rate, cap=spec.cap,
+                              temperature=spec.temperature)
+
+
+def register_paper(vocabulary: str = "t5") -> None:
+    """The `--scale paper` tasks (C4 and the paper's benchmarks from TFDS) with ``vocabulary``,
+    and their mixtures. Nothing is read until a dataset is built."""
+    for spec in task_catalog.task_specs():
+        if spec.paper:
+            register_task(spec, vocabulary)
+    for mixture in task_catalog.mixture_specs():
+        if mixture.paper:
+            register_mixture(mixture)
+
+
+def register() -> None:
+    """Every built-in task and mixture (the paper's with the t5 vocabulary)."""
+    for spec in task_catalog.task_specs():
+        if not spec.paper:
+            register_task(spec)
+    for mixture in task_catalog.mixture_specs():
+        if not mixture.paper:
+            register_mixture(mixture)
+    register_paper()
