@@ -278,8 +278,9 @@ def make_generate_fn(model, dcfg, eos_id: int):
 
 
 def generate_program(model, beams, samples, n, params, inputs_BS, lengths_B, key, knobs):
-    """The traceable decoding program make_generate_fn jits (aot.compile_decode lowers it for a
-    TPU slice): ``beams`` / ``samples`` / ``n`` (max length) are static, ``knobs`` runtime."""
+    """The traceable decoding program make_generate_fn jits (tpu.compile.compile_decode lowers
+    it for a TPU slice): ``beams`` / ``samples`` / ``n`` (max length) are static, ``knobs``
+    runtime."""
     b, eos_id = inputs_BS.shape[0], knobs["eos_id"]
     if samples:  # self-consistency: every row N times (row-major), sampled independently
         inputs_BS = jnp.repeat(inputs_BS, samples, axis=0)
