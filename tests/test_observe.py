@@ -11,7 +11,7 @@ import pytest
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
-from t5lite.monitor import goodput, progress
+from t5lite.monitor import goodput, profiler, progress
 from t5lite.train import trainer
 from train_helpers import tf_iterator, tiny_config
 
@@ -81,10 +81,10 @@ def test_profile_window_writes_a_trace_and_goodput_survives_a_resume(tmp_path, c
 
 
 def test_profile_steps_must_be_a_window():
-    assert goodput.parse_steps("") is None and goodput.parse_steps("10:15") == (10, 15)
+    assert profiler.parse_steps("") is None and profiler.parse_steps("10:15") == (10, 15)
     for bad in ("15:10", "x", "3", "-1:2"):
         with pytest.raises(UserError, match="profile_steps"):
-            goodput.parse_steps(bad)
+            profiler.parse_steps(bad)
 
 
 def test_closed_event_loop_noise_is_dropped_and_other_unraisables_are_not(monkeypatch):

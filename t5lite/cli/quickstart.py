@@ -91,7 +91,6 @@ def run(workdir: str, fast: bool = False, data_dir: str = "", prepare: bool = Tr
     """Pretrain, finetune, evaluate; -> the summary numbers (also printed).
     prepare=False uses the data dir as it is (built elsewhere, or a test's small one)."""
     from t5lite import dataprep
-    from t5lite.cli import commands
     from t5lite.eval import evaluation
     from t5lite.train import trainer
 

@@ -13,7 +13,6 @@ are scored by argmax(class_logits) == class_labels over the split.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import Iterable, Optional, Sequence
 

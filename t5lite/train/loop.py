@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterator
 import jax
 
 from t5lite.errors import Preempted, UserError
-from t5lite.models import peft
-from t5lite.monitor import flops as flops_lib, goodput, progress, writers
+from t5lite import peft
+from t5lite.monitor import flops as flops_lib, goodput, profiler, progress, writers
 from t5lite.store import checkpointing
 from t5lite.train import data, partitioning
 from t5lite.train.state import create_train_state, init_params
@@ -122,7 +122,7 @@ class _Loop:
         self.run_parts, self.start, self.total = run, start, cfg.train.steps
         self.watch = goodput.RunClock(run.ckpt.workdir, start, enabled=logger.enabled,
                                       started=run.started)
-        self.profiler = goodput.Profiler(cfg.train.profile_steps, run.ckpt.workdir, logger.info)
+        self.profiler = profiler.Profiler(cfg.train.profile_steps, run.ckpt.workdir, logger.info)
         self.state = _initial_state(run, state, start)
         logger.info(peft.describe(cfg.model, self.state.params))
         self.train_step = make_train_step(cfg, run.model, run.tx, run.mesh, run.shardings,
