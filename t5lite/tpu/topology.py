@@ -53,8 +53,10 @@ CHIPS = {
     # bidirectional ICI 800 GB/s per chip.
     "v6e": Chip("v6e", 32 * GiB, 1638e9, 918e12, 800e9, 2, ("TPU v6 lite", "TPU v6e")),
 }
-# Peak FLOP/s only (dense bf16, the vendors' data sheets: Cloud TPU system architecture pages,
-# NVIDIA's product data sheets, dense i.e. without 2:4 sparsity), for the training logs' MFU.
+# Peak FLOP/s only (dense bf16 / fp16 tensor cores), for the training logs' MFU. Sources: the
+# Cloud TPU pages (cloud.google.com/tpu/docs/v2, /v3, /tpu7x) and NVIDIA's data sheets
+# (nvidia.com/en-us/data-center/<product>: H100 / H200 / GH200 SXM, B200, A100, L40S, L4, A10,
+# V100, T4; H800 / A800 as the H100 / A100 they derive from), dense: without 2:4 sparsity.
 OTHER_CHIPS = [
     _peak_only("v2", 45e12, "TPU v2"), _peak_only("v3", 123e12, "TPU v3"),
     _peak_only("TPU7x", 2307e12),
