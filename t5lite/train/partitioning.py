@@ -208,7 +208,8 @@ def opt_state_specs(abstract_opt_state, abstract_params, param_specs):
 
 
 def global_batch(host_batch: dict, sharding: NamedSharding) -> dict:
-    """This process's slice of the batch (numpy) -> global jax.Arrays sharded over the batch axes."""
+    """This process's slice of the batch (numpy) -> global jax.Arrays sharded over the batch
+    axes."""
     out = {}
     for k, v in host_batch.items():
         v = np.asarray(v)
