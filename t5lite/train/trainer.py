@@ -95,8 +95,10 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
         logger = writers.MetricsLogger(workdir, cfg.train.steps, start_step=start)
         logger.write_config(config_lib.to_dict(cfg))  # TensorBoard: text + hparams
         try:
-            run = TrainRun(cfg, mesh, model, tx, abstract, shardings, logger, ckpt, data_iter,
-                           tf_iter, eval_iter_fn, preemption, started, trainable_mask)
+            run = TrainRun(cfg=cfg, mesh=mesh, model=model, tx=tx, abstract=abstract,
+                           shardings=shardings, logger=logger, ckpt=ckpt, data_iter=data_iter,
+                           tf_iter=tf_iter, eval_iter_fn=eval_iter_fn, preemption=preemption,
+                           started=started, trainable=trainable_mask)
             return run_loop(run, state, start)
         finally:
             logger.close()
