@@ -13,6 +13,7 @@ import pytest
 
 import train_helpers
 from t5lite import ablations
+from t5lite.ablations import runner
 from t5lite.cli import main as cli
 from t5lite import config as config_lib
 from t5lite.errors import UserError
@@ -260,7 +261,7 @@ def test_render_from_result_files(tmp_path):
                                          "translate_en_de/bleu": 3.75}}),
                        ("rate50", {"0": {"sentiment/accuracy": 64.0}}),
                        ("rate25", {"0": {"sentiment/accuracy": 71.0}})):
-        mean, std = ablations._summarize(runs)  # pylint: disable=protected-access
+        mean, std = runner.summarize(runs)  # pylint: disable=protected-access
         d = tmp_path / "table6" / name
         d.mkdir(parents=True)
         (d / "result.json").write_text(json.dumps({"metrics": mean, "std": std, "runs": runs,
@@ -383,7 +384,8 @@ def test_table10_adapters_are_dense_relu_dense_after_the_mlp_only():
     import jax
     import jax.numpy as jnp
     from flax import traverse_util
-    from t5lite.models import build_model, peft
+    from t5lite import peft
+    from t5lite.models import build_model
     table, plans = _plans("table10")
     _, (ft,) = plans["adapters32"]
     cfg = ft.cfg.model
@@ -436,7 +438,7 @@ def test_seeds_run_each_row_n_times(capsys):
 def test_benchmark_average_is_the_papers():
     """GLUE / SuperGLUE: the mean over tasks of each task's mean metric (checkpoint steps of
     the per-task selection are not metrics)."""
-    got = ablations._average("glue", {  # pylint: disable=protected-access
+    got = runner.benchmark_average("glue", {  # pylint: disable=protected-access
         "paper_glue_cola/matthews_corrcoef": 40.0, "paper_glue_cola/checkpoint_step": 5000.0,
         "paper_glue_stsb/pearson_corrcoef": 80.0, "paper_glue_stsb/spearman_corrcoef": 90.0})
     assert got["glue/average"] == pytest.approx((40.0 + 85.0) / 2)

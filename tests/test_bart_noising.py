@@ -12,6 +12,7 @@ import seqio
 import tensorflow as tf
 
 from t5lite import ablations
+from t5lite.ablations import files as ablation_files
 from t5lite.errors import UserError
 from t5lite.tasks import objectives
 
@@ -305,7 +306,7 @@ def test_table4_bart_rows_and_paper_cells(tmp_path, capsys):
     # rows not run and without paper numbers are not rendered; once run, "–" in paper cells
     result = {"metrics": {"sentiment/accuracy": 55.0}, "runs": {}, "scale": "tiny"}
     os.makedirs(tmp_path / "table4_bart" / "bart_infilling")
-    ablations._write_json(str(tmp_path / "table4_bart" / "bart_infilling" / "result.json"),
+    ablation_files.write_json(str(tmp_path / "table4_bart" / "bart_infilling" / "result.json"),
                           result)
     lines = ablations.render(table, str(tmp_path)).splitlines()
     (row,) = [ln for ln in lines if ln.startswith("| BART text infilling (30%")]

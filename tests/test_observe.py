@@ -11,7 +11,7 @@ import pytest
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
-from t5lite.monitor import goodput, profiler, progress
+from t5lite.monitor import profiler, progress
 from t5lite.train import trainer
 from train_helpers import tf_iterator, tiny_config
 
@@ -175,12 +175,13 @@ def test_ablation_chart_is_written_next_to_the_table(tmp_path):
 
 def test_ablate_writes_table_png_beside_table_md(tmp_path):
     from t5lite import ablations
+    from t5lite.ablations import rendering
     table = ablations.load_table("table6")
     for name, acc in (("rate15", 71.5), ("rate50", 64.0)):
         d = tmp_path / "table6" / name
         d.mkdir(parents=True)
         (d / "result.json").write_text(json.dumps({"metrics": {"sentiment/accuracy": acc}}))
-    ablations._write_table(table, str(tmp_path))
+    rendering.write_table(table, str(tmp_path))
     assert (tmp_path / "table6" / "table.md").exists()
     px = _png(str(tmp_path / "table6" / "table.png"))
     assert px.shape == (700, 1200, 3) and (px < 250).any(axis=-1).mean() > 0.02

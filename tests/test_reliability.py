@@ -472,6 +472,7 @@ def test_ablation_stages_use_the_trainers_config_diff(tmp_path):
     trainer's diff: the keys with old -> new values; placement keys (mesh, remat) and keys
     a config.json from an older t5lite lacks (their defaults) are no difference."""
     from t5lite import ablations
+    from t5lite.ablations import runner
     from t5lite import config as config_lib
     from t5lite.store import workdir as workdir_lib
     from t5lite.errors import UserError
@@ -486,12 +487,12 @@ def test_ablation_stages_use_the_trainers_config_diff(tmp_path):
     older = json.loads(path.read_text())
     del older["checkpoint"]["lock_lease_seconds"]  # a field added since
     path.write_text(json.dumps(older))
-    ablations._check_same_config(stage())
-    ablations._check_same_config(stage("mesh.data=1", "model.remat=full"))
+    runner.check_same_config(stage())
+    runner.check_same_config(stage("mesh.data=1", "model.remat=full"))
     with pytest.raises(UserError, match=r"pretrain was started with a different config "
                        r"\(train\.seed 0 -> 1, train\.steps 300 -> 8\)\. Use another "
                        r"--workdir, or delete that directory to redo the stage"):
-        ablations._check_same_config(stage("train.seed=1", "train.steps=8"))
+        runner.check_same_config(stage("train.seed=1", "train.steps=8"))
 
 
 # ---------------------------------------------------------------------------- item 3: SIGTERM

@@ -27,12 +27,11 @@ the steps, tokens and (with a TPU topology, by an AOT compile) TPU-hours.
 
 Modules, each importing only those above it: paper (the paper's numbers, DOWNSTREAM, SCALES),
 tables (Table, Row, the table files), overrides (`:=` values, resolve), files (the study's
-paths and JSON files), plan (a row's stages), render (table.md), run, estimate.
+paths and JSON files), plan (a row's stages), rendering (table.md), runner (run), estimation (estimate).
 """
 
-from t5lite.ablations.estimate import estimate
+from t5lite.ablations.estimation import estimate
 from t5lite.ablations.files import row_dir
-from t5lite.ablations.files import write_json as _write_json
 from t5lite.ablations.overrides import (drop_targets, iid_targets, num_layers, resolve,
                                         span_targets, split_user_overrides)
 from t5lite.ablations.paper import (BASELINE_PRETRAIN, DOWNSTREAM, PAPER_BASELINE,
@@ -40,12 +39,8 @@ from t5lite.ablations.paper import (BASELINE_PRETRAIN, DOWNSTREAM, PAPER_BASELIN
                                     PAPER_NO_PRETRAINING, PAPER_PRETRAIN_STEPS, PAPER_TASKS,
                                     SCALES, Downstream, Scale)
 from t5lite.ablations.plan import Stage, eval_command_line, plan_row
-from t5lite.ablations.render import render
-from t5lite.ablations.render import write_table as _write_table
-from t5lite.ablations.run import benchmark_average as _average
-from t5lite.ablations.run import check_same_config as _check_same_config
-from t5lite.ablations.run import run
-from t5lite.ablations.run import summarize as _summarize
+from t5lite.ablations.rendering import render
+from t5lite.ablations.runner import run
 from t5lite.ablations.tables import Row, Table, list_tables, load_table, table_names, tables_dir
 
 __all__ = [

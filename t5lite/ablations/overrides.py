@@ -37,7 +37,7 @@ def span_targets(inputs_length: int, density: float, mean_span: float) -> int:
 
 def num_layers(cfg) -> int:
     """Layer groups opened one by one under gradual unfreezing (cfg: a full Config)."""
-    from t5lite.models.peft import total_layers
+    from t5lite.peft import total_layers
     return total_layers(cfg.model)
 
 

@@ -14,7 +14,7 @@ from t5lite.ablations.paper import DOWNSTREAM
 from t5lite.ablations.plan import (Stage, check_tasks, eval_checkpoint, eval_command_line,
                                    eval_overrides, eval_tasks, get_scale,
                                    per_checkpoint_selection, plan_row)
-from t5lite.ablations.render import render, write_table
+from t5lite.ablations.rendering import render, write_table
 from t5lite.ablations.tables import Row, Table, as_table
 from t5lite.errors import UserError
 
