@@ -17,7 +17,8 @@ import dataclasses
 import jax
 
 from t5lite import config as config_lib
-from t5lite.models import build_model, peft
+from t5lite import peft
+from t5lite.models import build_model
 from t5lite.tpu import compile as tpu_compile
 from t5lite.train import partitioning
 

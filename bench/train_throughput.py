@@ -169,7 +169,8 @@ def run_ours(args) -> dict:
 
     from t5lite import convert
     from t5lite.config import MeshConfig
-    from t5lite.models import build_model, peft
+    from t5lite import peft
+    from t5lite.models import build_model
     from t5lite.train import partitioning, trainer
     base = _rss_mib()
     cfg = make_config(args.family, args.size, args.batch, args.dropout, args.scan_unroll)

@@ -10,7 +10,7 @@ To finetune a pretrained BERT instead, e.g. with LoRA on query/value and a fresh
     --set checkpoint.init_from=runs/bert_mlm_bert --set model.peft.lora_rank=8
 (runs/bert_mlm_bert: configs/tiny_bert_mlm.py with data.mixture_or_task=corpus_mlm_bert and
 model.vocab_size=30592). Other PEFT options: model.peft.{adapter_dim, ia3, prompt_tokens,
-prefix_tokens, freeze, unfreeze_every}; see t5lite/models/peft.py.
+prefix_tokens, freeze, unfreeze_every}; see t5lite/peft/.
 """
 
 from t5lite.config import cpu_recipe

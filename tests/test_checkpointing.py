@@ -265,9 +265,10 @@ def test_params_only_dir_one_writer_reads_old_dirs(tmp_path):
 def test_peft_dirs_through_the_one_writer_and_reader(tmp_path):
     """peft.save_peft's dirs (config.json + peft_only.json + params/ of the trained subset)
     read through checkpointing, and the same dir written by save_params_dir loads in
-    peft.load_peft: the interface models/peft.py can write and read its files through."""
+    peft.load_peft: the interface t5lite/peft can write and read its files through."""
     import flax.linen as nn
-    from t5lite.models import dummy_batch, peft
+    from t5lite import peft
+    from t5lite.models import dummy_batch
     cfg = config_lib.load_config("bert_tiny", ["model.peft.lora_rank=2"])
     batch = dummy_batch(cfg.model, 1, {"inputs": 8})
     base = nn.meta.unbox(build_model(cfg.model).init(jax.random.key(0), batch,

@@ -5,6 +5,7 @@ Compiles for a TPU are slow (tens of seconds each on 2 cores): the few configs h
 and t5lite.tpu.compile caches each (config, topology) compile, so --search reuses them.
 """
 
+import dataclasses
 import json
 import math
 import re
@@ -446,9 +447,10 @@ def test_search_ranks_fitting_meshes_and_says_why_none_fits(capsys):
 # ----------------------------------------------------------------------------- remat, CPU VJPs
 
 
-def _saved_bytes(remat, capsys):
+def _saved_bytes(remat, rules, capsys):
     cfg = config_lib.load_config("gpt2_tiny", [f"model.remat={remat}", "model.scan_unroll=1",
-                                               "model.dropout_rate=0"])
+                                               "model.dropout_rate=0",
+                                               f"model.gradient_rules={rules}"])
     model = build_model(cfg.model)
     batch = dummy_batch(cfg.model, 2, {"targets": 32})
     params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), batch)["params"])
@@ -460,10 +462,9 @@ def _saved_bytes(remat, capsys):
     return sum(hlo_cost._shape_bytes(line.split(" ")[0]) for line in lines)
 
 
-@pytest.mark.parametrize("platform", ["cpu", "tpu"])
-def test_remat_order_is_strict_in_saved_residuals(platform, capsys):
-    with layers.target_platform(platform):
-        saved = {p: _saved_bytes(p, capsys) for p in ("none", "minimal", "full")}
+@pytest.mark.parametrize("rules", ["cpu", "accelerator"])
+def test_remat_order_is_strict_in_saved_residuals(rules, capsys):
+    saved = {p: _saved_bytes(p, rules, capsys) for p in ("none", "minimal", "full")}
     assert saved["none"] > saved["minimal"] > saved["full"] > 0, saved
 
 
@@ -471,22 +472,22 @@ def test_cpu_gradient_rewrites_only_for_cpu():
     cfg = config_lib.load_config("t5_1_1_tiny", ["model.num_encoder_layers=1",
                                                  "model.num_decoder_layers=1",
                                                  "model.vocab_size=128"]).model
-    model = build_model(cfg)
     batch = dummy_batch(cfg, 2, {"inputs": 16, "targets": 8})
     batch["decoder_target_tokens"] = np.ones_like(batch["decoder_target_tokens"])
-    params = nn.meta.unbox(model.init(jax.random.key(0), batch)["params"])
-
-    def loss(p):
-        return model.apply({"params": p}, batch)["logits"][..., 1].mean()
+    params = nn.meta.unbox(build_model(cfg).init(jax.random.key(0), batch)["params"])
 
     out = {}
-    for platform in ("cpu", "tpu"):
-        with layers.target_platform(platform):
-            jaxpr = str(jax.make_jaxpr(jax.grad(loss))(params))
-            out[platform] = jax.jit(jax.grad(loss))(params)
-        assert ("custom_vjp_call" in jaxpr) == (platform == "cpu"), platform
+    for rules in ("cpu", "accelerator"):
+        model = build_model(dataclasses.replace(cfg, gradient_rules=rules))
+
+        def loss(p):
+            return model.apply({"params": p}, batch)["logits"][..., 1].mean()
+
+        jaxpr = str(jax.make_jaxpr(jax.grad(loss))(params))
+        out[rules] = jax.jit(jax.grad(loss))(params)
+        assert ("custom_vjp_call" in jaxpr) == (rules == "cpu"), rules
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-                 out["cpu"], out["tpu"])
+                 out["cpu"], out["accelerator"])
 
 
 def test_decode_program_compiles_with_its_cache(capsys):
@@ -546,21 +547,21 @@ def test_scanned_softmax_saves_its_probabilities_once(capsys):
     assert res.count("bf16[4,2,3,16,16]") == 1, res
 
 
-def _residual_bytes(platform, capsys, **sets):
+def _residual_bytes(rules, capsys, **sets):
     cfg = config_lib.load_config("t5_1_1_tiny", ["model.dtype=bfloat16", "model.scan_unroll=1",
                                                  "model.num_encoder_layers=2",
                                                  "model.num_decoder_layers=2",
-                                                 "model.vocab_size=128"]
+                                                 "model.vocab_size=128",
+                                                 f"model.gradient_rules={rules}"]
                                  + [f"model.{k}={v}" for k, v in sets.items()])
     model = build_model(cfg.model)
     batch = dummy_batch(cfg.model, 2, {"inputs": 32, "targets": 8})
-    with layers.target_platform(platform):
-        params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), batch)["params"])
-        params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), params)
-        capsys.readouterr()
-        jax.ad_checkpoint.print_saved_residuals(
-            lambda p: model.apply({"params": p}, batch)["logits"].astype(jnp.float32).sum(),
-            params)
+    params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), batch)["params"])
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), params)
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(
+        lambda p: model.apply({"params": p}, batch)["logits"].astype(jnp.float32).sum(),
+        params)
     lines = capsys.readouterr().out.splitlines()
     return sum(hlo_cost._shape_bytes(line.split(" ")[0]) for line in lines), lines
 
@@ -568,7 +569,7 @@ def _residual_bytes(platform, capsys, **sets):
 def test_accelerator_path_keeps_no_float32_norm_or_probability_residuals(capsys):
     # scanned bf16 layers: on TPU/GPU norms and activations recompute in the backward pass and
     # softmax keeps its bf16 output, so no float32 [.., d_model] or [B, H, T, S] array is saved
-    tpu, lines = _residual_bytes("tpu", capsys)
+    tpu, lines = _residual_bytes("accelerator", capsys)
     cpu, _ = _residual_bytes("cpu", capsys)
     assert tpu < 0.75 * cpu, (tpu, cpu)
     assert not [x for x in lines if x.startswith("f32[") and ("Norm" in x or "softmax" in x

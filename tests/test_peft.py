@@ -3,6 +3,7 @@ step, no optimizer state for frozen params, gradual unfreezing without recompile
 PEFT-only save / load, and a trainer run that writes workdir/peft/<step>."""
 
 import dataclasses
+import json
 import math
 import os
 
@@ -15,9 +16,10 @@ from flax import traverse_util
 from train_helpers import random_model_batch
 
 from t5lite import config as config_lib
-from t5lite.config import ModelConfig, PeftConfig
+from t5lite import peft
+from t5lite.config import ElectraConfig, ModelConfig, PeftConfig
 from t5lite.errors import UserError
-from t5lite.models import abstract_params, build_model, peft
+from t5lite.models import abstract_params, build_model
 from t5lite.train import partitioning, trainer
 
 D, H, K, F, NL = 32, 4, 8, 64, 2
@@ -89,6 +91,65 @@ def test_identity_init_equals_base_model(arch, scan, method):
     out = forward(model, params, batch)["logits"]
     ref = forward(base_model, base_only(params), batch)["logits"]
     np.testing.assert_allclose(out, ref, atol=1e-6, rtol=1e-6)
+
+
+ALL_DENSE = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
+EVERY_METHOD = dict(lora_rank=4, lora_targets=ALL_DENSE, ia3=True, prefix_tokens=3,
+                    adapter_dim=5, prompt_tokens=2)
+
+
+def tree_case(arch, peft_kw, **kw) -> ModelConfig:
+    base = dict(architecture=arch, vocab_size=64, d_model=32, num_heads=4, head_dim=8,
+                d_ff=64, num_encoder_layers=2, num_decoder_layers=2, max_length=32)
+    return ModelConfig(peft=PeftConfig(**peft_kw), **dict(base, **kw))
+
+
+BERT_LIKE = dict(position="learned", use_bias=True, pre_norm=False, embed_norm=True,
+                 norm="layernorm", ffn="gelu")
+TREE_CASES = {  # the file's cases: every PEFT method on each family and layer layout
+    "t5_scanned": tree_case("encoder_decoder", EVERY_METHOD, position="relative"),
+    "t5_unrolled_unflat": tree_case("encoder_decoder", EVERY_METHOD, scan_layers=False,
+                                    flat_kernels=False, position="relative", ffn="geglu",
+                                    tie_embeddings=False),
+    "t5_shared": tree_case("encoder_decoder", dict(lora_rank=2, prompt_tokens=2, ia3=True),
+                           shared_encoder_decoder=True, position="relative"),
+    "gpt_scanned": tree_case("decoder_only", EVERY_METHOD, position="learned", use_bias=True,
+                             norm="layernorm", ffn="swiglu"),
+    "prefix_lm_unrolled": tree_case("prefix_lm", dict(EVERY_METHOD, lora_targets=("q*", "wo")),
+                                    scan_layers=False, position="rope"),
+    "bert": tree_case("encoder_only", EVERY_METHOD, num_token_types=2, nsp_head=True,
+                      num_classes=3, **BERT_LIKE),
+    "electra": tree_case("encoder_only", dict(lora_rank=2, prompt_tokens=2, adapter_dim=4,
+                                              prefix_tokens=2), embed_dim=16,
+                         electra=ElectraConfig(rtd_head=True, generator_d_model=16),
+                         **BERT_LIKE),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TREE_CASES))
+def test_peft_param_tree_is_the_checkpoint_format(name):
+    """Param paths and shapes of PEFT models (part of the checkpoint format) are exactly those
+    recorded in peft_param_trees.json, written when PEFT lived inside the model code."""
+    with open(os.path.join(os.path.dirname(__file__), "peft_param_trees.json")) as f:
+        want = json.load(f)[name]
+    got = {k: list(v.shape) for k, v in flat(shapes(TREE_CASES[name])).items()}
+    assert got == want
+
+
+def test_core_model_code_never_imports_peft():
+    """PEFT reaches the model from outside (build_model passes its modules in)."""
+    import ast
+
+    import t5lite.models as models_pkg
+    root = os.path.dirname(models_pkg.__file__)
+    for name in ("layers.py", "positions.py", "gradient_rules.py", "transformer.py",
+                 "architectures.py", "electra.py", "sbo.py"):
+        with open(os.path.join(root, name)) as f:
+            tree = ast.parse(f.read())
+        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+                     for a in n.names]
+        assert not [m for m in imported if "peft" in m], name
 
 
 @pytest.mark.parametrize("arch,method,scan", [

@@ -10,7 +10,7 @@ changes, so the rows could share one pretrained model; each row still pretrains 
 seed, same result) to keep rows independent and resumable.
 Differences from the paper: at tiny scale d_model is 128, so d = 512 and 2048 are wider than
 the model (the paper: d_model 768). Gradual unfreezing follows the paper: each episode opens
-one more encoder and one more decoder layer, from the top (t5lite/models/peft.py); the tiny
+one more encoder and one more decoder layer, from the top (t5lite/peft/unfreeze.py); the tiny
 model has 2 + 2 layers, so 2 episodes instead of 12. Its untied input embedding (T5 v1.1)
 opens with the bottom layers; the paper's tied embedding trains throughout.
 

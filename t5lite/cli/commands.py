@@ -300,7 +300,7 @@ def merge_lora_command(src: str, dst: str) -> None:
     a params-only checkpoint of the plain model (W + alpha/r A B), usable by export, eval,
     infer and init_from."""
     import jax
-    from t5lite.models import peft
+    from t5lite import peft
     from t5lite.monitor import progress
     from t5lite.store import checkpointing
 

@@ -70,7 +70,7 @@ class UnknownKeyError(UserError):
 
 @dataclasses.dataclass
 class PeftConfig(Section):
-    """Parameter-efficient finetuning (t5lite/models/peft.py). All off by default.
+    """Parameter-efficient finetuning (t5lite/peft/). All off by default.
 
     With any method on and ``train_only_peft``, only the PEFT params and ``train_also`` (new
     task heads) are trained; the optimizer allocates no state for the rest.
@@ -185,6 +185,12 @@ class ModelConfig(Section):
     # and stacking of activations (faster for small models on CPU, slower to compile).
     scan_unroll: int = setting(1, bounds=(0, None))
     remat: str = setting("none", choices=("none", "minimal", "full"))
+    # The gradient rules the model is traced with (models/gradient_rules.py): "cpu" gives a few
+    # operations hand-written VJPs that XLA:CPU runs fast; "accelerator" keeps autodiff's form
+    # and recomputes norms and activations in the backward pass (TPU, GPU); "auto" = the
+    # default backend at trace time. Same numbers either way. The TPU compile path sets
+    # "accelerator" (its host backend is the CPU). Configs saved before the field read "auto".
+    gradient_rules: str = setting("auto", choices=("auto", "cpu", "accelerator"))
     # Family details (defaults = T5). BERT/GPT-2 presets in t5lite/models/presets.py set them.
     embed_norm: bool = False  # norm after summing embeddings (BERT)
     scale_attn_logits: bool = False  # q.k / sqrt(head_dim); T5 folds it into the query init

@@ -1,6 +1,8 @@
 """Models: ``build_model(cfg)`` for every architecture, dummy batches, KV cache, param counts.
 
 See CONTRACTS.md ("Models") for the call conventions and architectures.py for the param tree.
+build_model assembles the model: the core architectures (which never import t5lite.peft) with
+the Stack modules that t5lite.peft chooses for ``cfg.peft``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5lite import peft
 from t5lite.errors import UserError
-from t5lite.text_table import format_table
-from t5lite.models import peft
 from t5lite.models.architectures import ARCHITECTURES
 from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
 from t5lite.models.electra import Electra
+from t5lite.text_table import format_table
 
 # Published parameter counts: HF T5ForConditionalGeneration (t5-small, t5-base,
 # google/t5-v1_1-base), BertModel incl. pooler (bert-base-uncased), GPT2LMHeadModel (gpt2).
@@ -45,9 +47,10 @@ def build_model(cfg) -> nn.Module:
     """The flax module for ``cfg.architecture`` (a ModelConfig or a full Config)."""
     cfg = _model_cfg(cfg)
     check(cfg)
+    modules = peft.stack_modules(cfg)
     if cfg.electra.rtd_head:  # ELECTRA: the encoder_only model with a generator + RTD head
-        return Electra(cfg)
-    return ARCHITECTURES[cfg.architecture](cfg)
+        return Electra(cfg, modules)
+    return ARCHITECTURES[cfg.architecture](cfg, modules)
 
 
 def _decoder_length(cfg, feature_lengths: dict) -> int:

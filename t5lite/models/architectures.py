@@ -2,9 +2,13 @@
 LM, prefix LM) and EncoderOnly (BERT). Variants are ModelConfig fields, never subclasses.
 
 Parameter tree (T5X layout; ``layers`` is the scanned stack with a leading [num_layers] axis,
-``layers_0 ... layers_{N-1}`` when cfg.scan_layers=False). Kernels: query/key/value [D, H, K]
-("embed", "heads", "kv"), out [H, K, D]; mlp wi / wi_0 / wi_1 [D, F] ("embed", "mlp"), wo [F, D];
-norms have ``scale`` [D] (+ ``bias`` for layernorm); ``bias`` on dense layers when cfg.use_bias.
+``layers_0 ... layers_{N-1}`` when cfg.scan_layers=False). Kernels are stored as
+[fan_in, fan_out] matrices with model.flat_kernels (the default): query/key/value [D, H*K]
+("embed", "heads"), out [H*K, D] ("heads", "embed"); without it query/key/value [D, H, K]
+("embed", "heads", "kv") and out [H, K, D]. mlp wi / wi_0 / wi_1 [D, F] ("embed", "mlp"), wo
+[F, D]; norms have ``scale`` [D] (+ ``bias`` for layernorm); ``bias`` on dense layers when
+cfg.use_bias. The Stack's modules (StackModules: PEFT subclasses and extra modules that
+build_model passes in) add their params inside the modules they adapt (t5lite/peft).
 
 EncoderDecoder (T5)::
 
@@ -73,29 +77,31 @@ import jax.numpy as jnp
 
 from t5lite.models import layers as L
 from t5lite.models.sbo import SpanBoundaryHead
-from t5lite.models.transformer import Stack
+from t5lite.models.transformer import CORE_MODULES, Stack, StackModules
 
 
-def _token_embedder(cfg):
-    return L.Embed(cfg.vocab_size, cfg.embed_dim or cfg.d_model, ("vocab", "embed"),
-                   L.compute_dtype(cfg), L.embed_init(cfg))
+def token_embedder(cfg):
+    return L.make_embed(cfg, cfg.vocab_size, cfg.embed_dim or cfg.d_model, ("vocab", "embed"))
 
 
-def _dense(cfg, features: int, axes, name=None):
-    return L.DenseGeneral((features,), axes, use_bias=True, dtype=L.compute_dtype(cfg),
-                          init=L.kernel_init(cfg), name=name)
+def head_dense(cfg, features: int, axes):
+    """A task head's dense layer (with bias)."""
+    return L.make_dense(cfg, features, axes, use_bias=True)
 
 
 class EncoderDecoder(nn.Module):
     """T5: encoder over inputs, decoder over shifted targets with cross-attention."""
 
     cfg: object
+    modules: StackModules = CORE_MODULES
 
     def setup(self):
-        self.token_embedder = _token_embedder(self.cfg)
-        self.decoder = Stack(self.cfg, "decoder", self.token_embedder, cross=True)
+        self.token_embedder = token_embedder(self.cfg)
+        self.decoder = Stack(self.cfg, "decoder", self.token_embedder, cross=True,
+                             modules=self.modules)
         self.encoder = Stack(self.cfg, "encoder", self.token_embedder,
-                             shared=self.decoder if self.cfg.shared_encoder_decoder else None)
+                             shared=self.decoder if self.cfg.shared_encoder_decoder else None,
+                             modules=self.modules)
 
     def __call__(self, batch, deterministic=True):
         encoded_BSD = self.encode(batch["encoder_input_tokens"], batch.get("encoder_segment_ids"),
@@ -126,12 +132,13 @@ class DecoderOnly(nn.Module):
     bidirectional. num_classes > 0 adds a classifier on the last non-padding token."""
 
     cfg: object
+    modules: StackModules = CORE_MODULES
 
     def setup(self):
-        self.token_embedder = _token_embedder(self.cfg)
-        self.decoder = Stack(self.cfg, "decoder", self.token_embedder)
+        self.token_embedder = token_embedder(self.cfg)
+        self.decoder = Stack(self.cfg, "decoder", self.token_embedder, modules=self.modules)
         if self.cfg.num_classes > 0:
-            self.class_dense = _dense(self.cfg, self.cfg.num_classes, ("embed", "classes"))
+            self.class_dense = head_dense(self.cfg, self.cfg.num_classes, ("embed", "classes"))
 
     def __call__(self, batch, deterministic=True):
         tokens_BL = batch["decoder_input_tokens"]
@@ -167,28 +174,28 @@ class EncoderOnly(nn.Module):
     """BERT: bidirectional encoder with MLM head (always), pooler / NSP / classifier heads."""
 
     cfg: object
+    modules: StackModules = CORE_MODULES
 
     def setup(self):
         cfg = self.cfg
-        self.token_embedder = _token_embedder(cfg)
-        self.encoder = Stack(cfg, "encoder", self.token_embedder)
-        self.mlm_dense = _dense(cfg, cfg.embed_dim or cfg.d_model, ("embed", "mlp"))
-        self.mlm_norm = L.Norm(cfg.norm, cfg.norm_eps, L.compute_dtype(cfg))
+        self.token_embedder = token_embedder(cfg)
+        self.encoder = Stack(cfg, "encoder", self.token_embedder, modules=self.modules)
+        self.mlm_dense = head_dense(cfg, cfg.embed_dim or cfg.d_model, ("embed", "mlp"))
+        self.mlm_norm = L.make_norm(cfg)
         self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(
             nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), jnp.float32)
         if not cfg.tie_embeddings:
-            self.logits_dense = L.DenseGeneral((cfg.vocab_size,), ("embed", "vocab"),
-                                               dtype=L.compute_dtype(cfg), init=L.kernel_init(cfg))
+            self.logits_dense = L.make_dense(cfg, cfg.vocab_size, ("embed", "vocab"), False)
         if cfg.pooler or cfg.nsp_head:
-            self.pooler = _dense(cfg, cfg.d_model, ("mlp", "embed"))
+            self.pooler = head_dense(cfg, cfg.d_model, ("mlp", "embed"))
         if cfg.nsp_head:
-            self.nsp_dense = _dense(cfg, 2, ("embed", "classes"))
+            self.nsp_dense = head_dense(cfg, 2, ("embed", "classes"))
         if cfg.num_classes > 0:
-            self.class_dense = _dense(cfg, cfg.num_classes, ("embed", "classes"))
+            self.class_dense = head_dense(cfg, cfg.num_classes, ("embed", "classes"))
         if cfg.num_token_classes > 0:
-            self.token_dense = _dense(cfg, cfg.num_token_classes, ("embed", "classes"))
+            self.token_dense = head_dense(cfg, cfg.num_token_classes, ("embed", "classes"))
         if cfg.span_head:
-            self.span_dense = _dense(cfg, 2, ("embed", "classes"))
+            self.span_dense = head_dense(cfg, 2, ("embed", "classes"))
         if cfg.sbo_head:
             self.sbo = SpanBoundaryHead(cfg)
         self.head_dropout = nn.Dropout(cfg.dropout_rate)

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import layers as L
-from t5lite.models.architectures import _dense, _token_embedder, mlm_positions
-from t5lite.models.transformer import Stack
+from t5lite.models.architectures import head_dense, mlm_positions, token_embedder
+from t5lite.models.transformer import CORE_MODULES, Stack, StackModules
 
 
 # left out by count_params(heads=False): the discriminator alone is HF's ElectraModel
@@ -48,14 +48,15 @@ HEAD_PREFIXES = ("rtd_", "generator")
 def generator_config(cfg):
     """The generator's ModelConfig: the discriminator's with the generator's widths. The paper
     (Table 6) scales hidden size, FFN size and heads by 1/4 (Small, Large) or 1/3 (Base)."""
-    e = cfg.electra
-    d = e.generator_d_model
-    heads = e.generator_num_heads or max(1, d // cfg.head_dim)
-    d_ff = e.generator_d_ff or max(1, cfg.d_ff * d // cfg.d_model)
-    return dataclasses.replace(cfg, d_model=d, d_ff=d_ff, num_heads=heads, head_dim=d // heads,
-                               num_encoder_layers=e.generator_layers or cfg.num_encoder_layers,
-                               embed_dim=cfg.embed_dim or cfg.d_model, num_classes=0,
-                               electra=dataclasses.replace(e, generator_d_model=0))
+    electra = cfg.electra
+    width = electra.generator_d_model
+    heads = electra.generator_num_heads or max(1, width // cfg.head_dim)
+    d_ff = electra.generator_d_ff or max(1, cfg.d_ff * width // cfg.d_model)
+    return dataclasses.replace(
+        cfg, d_model=width, d_ff=d_ff, num_heads=heads, head_dim=width // heads,
+        num_encoder_layers=electra.generator_layers or cfg.num_encoder_layers,
+        embed_dim=cfg.embed_dim or cfg.d_model, num_classes=0,
+        electra=dataclasses.replace(electra, generator_d_model=0))
 
 
 def real_tokens(batch):
@@ -79,23 +80,25 @@ class Electra(nn.Module):
     """Generator + discriminator (pretraining) or the discriminator alone (finetuning / HF)."""
 
     cfg: object
+    modules: StackModules = CORE_MODULES  # of both stacks (transformer.StackModules)
 
     def setup(self):
         cfg = self.cfg
-        self.token_embedder = _token_embedder(cfg)
-        self.encoder = Stack(cfg, "encoder", self.token_embedder)
+        self.token_embedder = token_embedder(cfg)
+        self.encoder = Stack(cfg, "encoder", self.token_embedder, modules=self.modules)
         if cfg.num_classes > 0:
-            self.class_dense = _dense(cfg, cfg.num_classes, ("embed", "classes"))
+            self.class_dense = head_dense(cfg, cfg.num_classes, ("embed", "classes"))
             self.head_dropout = nn.Dropout(cfg.dropout_rate)
             return
-        self.rtd_dense = _dense(cfg, cfg.d_model, ("embed", "mlp"))
-        self.rtd_logits = _dense(cfg, 1, ("mlp", "classes"))
+        self.rtd_dense = head_dense(cfg, cfg.d_model, ("embed", "mlp"))
+        self.rtd_logits = head_dense(cfg, 1, ("mlp", "classes"))
         if cfg.electra.generator_d_model:
-            g = generator_config(cfg)
-            self.generator = Stack(g, "encoder", self.token_embedder,
-                                   embeddings_from=self.encoder)
-            self.generator_mlm_dense = _dense(g, g.embed_dim, ("mlp", "embed"))
-            self.generator_mlm_norm = L.Norm(cfg.norm, cfg.norm_eps, L.compute_dtype(cfg))
+            generator = generator_config(cfg)
+            self.generator = Stack(generator, "encoder", self.token_embedder,
+                                   embeddings_from=self.encoder, modules=self.modules)
+            self.generator_mlm_dense = head_dense(generator, generator.embed_dim,
+                                                  ("mlp", "embed"))
+            self.generator_mlm_norm = L.make_norm(cfg)
             self.generator_mlm_bias = self.param("generator_mlm_bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), jnp.float32)
 

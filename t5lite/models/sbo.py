@@ -38,11 +38,11 @@ class SpanBoundaryHead(nn.Module):
         # offsets past the table share its last row (spans are <= 10 words, not tokens)
         offset_BN = jnp.clip(offset_BN, 0, cfg.sbo_max_span_length)
         p_BND = L.Embed(cfg.sbo_max_span_length + 1, cfg.d_model, ("abspos", "embed"), dtype,
-                        L.embed_init(cfg), name="position_embedder")(offset_BN)
+                        L.embed_init(cfg), cfg.gradient_rules,
+                        name="position_embedder")(offset_BN)
         h = jnp.concatenate([at(left_BN).astype(dtype), at(right_BN).astype(dtype), p_BND], -1)
         for i, axes in enumerate((("mlp", "embed"), ("embed", "mlp"))):
-            h = L.DenseGeneral((cfg.d_model,), axes, use_bias=True, dtype=dtype,
-                               init=L.kernel_init(cfg), name=f"dense_{i}")(h)
-            h = L.Norm("layernorm", cfg.norm_eps, dtype, name=f"norm_{i}")(
-                L.ACTIVATIONS["gelu"](h))
+            h = L.make_dense(cfg, cfg.d_model, axes, use_bias=True, name=f"dense_{i}")(h)
+            h = L.Norm("layernorm", cfg.norm_eps, dtype, cfg.gradient_rules,
+                       name=f"norm_{i}")(L.ACTIVATIONS["gelu"](h))
         return h

@@ -9,7 +9,7 @@ optionally rematerialised; both give identical numerics.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import flax
 import flax.linen as nn
@@ -18,7 +18,8 @@ import jax.numpy as jnp
 
 from t5lite.errors import UserError
 from t5lite.models import layers as L
-from t5lite.models import peft
+from t5lite.models.gradient_rules import add_position_bias
+from t5lite.models.positions import RelativePositionBias, alibi_bias, sinusoidal
 
 # Names tagged with jax.ad_checkpoint.checkpoint_name on the projection outputs (layers.py).
 PROJECTION_NAMES = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi", "mlpwi_0",
@@ -30,6 +31,25 @@ REMAT_POLICIES = {
     "minimal": jax.checkpoint_policies.save_only_these_names(*PROJECTION_NAMES),
     "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block
 }
+
+
+class StackModules(NamedTuple):
+    """What a Stack builds besides its config's core layers: the sub-layer classes of its
+    Blocks, an optional module after each MLP sub-layer and an optional soft prompt. The
+    defaults are the core model; t5lite.peft supplies subclasses (same module names, added
+    params) and the extra modules, which build_model passes in."""
+
+    attention: type = L.MultiHeadAttention
+    mlp: type = L.MLP
+    after_mlp: Optional[type] = None  # built as after_mlp(cfg, name=after_mlp_name)
+    after_mlp_name: str = ""
+    # soft prompt: .stack (the kind of stack it goes into), .tokens (its length N),
+    # .create(stack_module, cfg) -> [N, D] param, .prepend(prompt_ND, x_BLD, mask_BLS,
+    # valid_BL, positions_BL) -> (x_BLD, mask_BLS, positions_BL) with N more positions
+    prompt: Optional[Any] = None
+
+
+CORE_MODULES = StackModules()
 
 
 @flax.struct.dataclass
@@ -52,18 +72,19 @@ class Block(nn.Module):
     ``pre_self_attention_layer_norm`` / ``pre_cross_attention_layer_norm``; both ``mlp`` and
     ``pre_mlp_layer_norm``. Post-norm blocks name the norms ``post_*`` instead of ``pre_*``.
     ``ctx`` (a LayerContext) holds the arrays shared by all layers. The sub-layer classes come
-    from ``peft.block_modules`` (the core layers, or their PEFT subclasses).
+    from ``modules`` (the core layers unless the builder passes others).
     """
 
     cfg: object
     decoder: bool = False
     cross: bool = False
     scanned: bool = False
+    modules: StackModules = CORE_MODULES
 
     @nn.compact
     def __call__(self, x_BLD, ctx: LayerContext, deterministic=True, decode=False):
         cfg = self.cfg
-        mods = peft.block_modules(cfg)
+        modules = self.modules
 
         def sublayer(x, stem, fn):
             where = "pre" if cfg.pre_norm else "post"
@@ -74,16 +95,16 @@ class Block(nn.Module):
 
         stem = "self_attention" if self.decoder else "attention"
         bias = (ctx.bias if ctx.pos_bias is None
-                else L.add_position_bias(ctx.bias, ctx.pos_bias))
-        x_BLD = sublayer(x_BLD, stem, lambda y: mods.attention(cfg, name=stem)(
+                else add_position_bias(ctx.bias, ctx.pos_bias, cfg.gradient_rules))
+        x_BLD = sublayer(x_BLD, stem, lambda y: modules.attention(cfg, name=stem)(
             y, y, bias, ctx.rope_pos, deterministic, decode, ctx.cache_index))
         if self.cross and ctx.encoded is not None:
-            x_BLD = sublayer(x_BLD, "cross_attention", lambda y: mods.attention(
+            x_BLD = sublayer(x_BLD, "cross_attention", lambda y: modules.attention(
                 cfg, cross=True, name="encoder_decoder_attention")(
                     y, ctx.encoded, ctx.cross_bias, deterministic=deterministic))
-        x_BLD = sublayer(x_BLD, "mlp", lambda y: mods.mlp(cfg, name="mlp")(y, deterministic))
-        if mods.adapter is not None:  # the paper's adapter after the MLP sub-layer
-            x_BLD = mods.adapter(cfg, name="mlp" + peft.ADAPTER_SUFFIX)(x_BLD, deterministic)
+        x_BLD = sublayer(x_BLD, "mlp", lambda y: modules.mlp(cfg, name="mlp")(y, deterministic))
+        if modules.after_mlp is not None:
+            x_BLD = modules.after_mlp(cfg, name=modules.after_mlp_name)(x_BLD, deterministic)
         x_BLD = L.constrain(x_BLD, ("batch", "length", "embed"))
         return (x_BLD, None) if self.scanned else x_BLD
 
@@ -97,17 +118,19 @@ class DecodeState(nn.Module):
         b, t = segments_BT.shape
         initialized = self.has_variable("cache", "index")
         index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
-        pos = self.variable("cache", "positions", jnp.zeros, (b, t), jnp.int32)
-        seg = self.variable("cache", "segments", jnp.zeros, (b, t), jnp.int32)
-        i = index.value
+        positions = self.variable("cache", "positions", jnp.zeros, (b, t), jnp.int32)
+        segments = self.variable("cache", "segments", jnp.zeros, (b, t), jnp.int32)
+        start = index.value
         if positions_BT is None:
-            positions_BT = jnp.broadcast_to(i + jnp.arange(t, dtype=jnp.int32), (b, t))
+            positions_BT = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
         if not initialized:  # init_cache: shapes only
-            return i, positions_BT, positions_BT, segments_BT
-        pos.value = jax.lax.dynamic_update_slice(pos.value, positions_BT.astype(jnp.int32), (0, i))
-        seg.value = jax.lax.dynamic_update_slice(seg.value, segments_BT.astype(jnp.int32), (0, i))
-        index.value = i + t
-        return i, positions_BT, pos.value, seg.value
+            return start, positions_BT, positions_BT, segments_BT
+        positions.value = jax.lax.dynamic_update_slice(
+            positions.value, positions_BT.astype(jnp.int32), (0, start))
+        segments.value = jax.lax.dynamic_update_slice(
+            segments.value, segments_BT.astype(jnp.int32), (0, start))
+        index.value = start + t
+        return start, positions_BT, positions.value, segments.value
 
 
 class Stack(nn.Module):
@@ -123,44 +146,42 @@ class Stack(nn.Module):
     # ELECTRA's generator: the stack whose position / token-type embeddings and embedding norm
     # this one uses (the token embedder is shared through ``embedder``)
     embeddings_from: Optional[nn.Module] = None
+    modules: StackModules = CORE_MODULES  # block sub-layers and soft prompt (StackModules)
 
     def setup(self):
         cfg = self.cfg
-        dtype = L.compute_dtype(cfg)
-        e = cfg.embed_dim or cfg.d_model
+        embed_width = cfg.embed_dim or cfg.d_model
         if cfg.position == "learned" and self.embeddings_from is None:
-            self.position_embedder = L.Embed(cfg.max_length, e, ("abspos", "embed"),
-                                             dtype, L.embed_init(cfg))
+            self.position_embedder = L.make_embed(cfg, cfg.max_length, embed_width,
+                                                  ("abspos", "embed"))
         if cfg.num_token_types > 0 and self.kind == "encoder" and self.embeddings_from is None:
-            self.token_type_embedder = L.Embed(cfg.num_token_types, e,
-                                               ("token_types", "embed"), dtype, L.embed_init(cfg))
+            self.token_type_embedder = L.make_embed(cfg, cfg.num_token_types, embed_width,
+                                                    ("token_types", "embed"))
         if cfg.embed_norm and self.embeddings_from is None:
-            self.embed_norm = L.Norm(cfg.norm, cfg.norm_eps, dtype)
-        if e != cfg.d_model:  # HF ELECTRA's embeddings_project
-            self.embed_project = L.DenseGeneral((cfg.d_model,), ("embed", "mlp"),
-                                                use_bias=cfg.use_bias, dtype=dtype,
-                                                init=L.kernel_init(cfg))
+            self.embed_norm = L.make_norm(cfg)
+        if embed_width != cfg.d_model:  # HF ELECTRA's embeddings_project
+            self.embed_project = L.make_dense(cfg, cfg.d_model, ("embed", "mlp"), cfg.use_bias)
         if cfg.position == "relative" and self.shared is None:
             bidirectional = self.kind == "encoder" or cfg.architecture == "prefix_lm"
-            self.relpos_bias = L.RelativePositionBias(
+            self.relpos_bias = RelativePositionBias(
                 cfg.relative_buckets, cfg.relative_max_distance, cfg.num_heads, bidirectional)
         if self.kind == "decoder":
             self.decode_state = DecodeState()
         if self.num_prompt:
-            self.prompt = peft.prompt_param(self, cfg)
+            self.prompt = self.modules.prompt.create(self, cfg)
         if self.shared is None:
             self.layers = self._make_layers()
         if cfg.pre_norm and self.shared is None:
-            setattr(self, f"{self.kind}_norm", L.Norm(cfg.norm, cfg.norm_eps, dtype))
+            setattr(self, f"{self.kind}_norm", L.make_norm(cfg))
         if self.kind == "decoder" and not cfg.tie_embeddings:
-            self.logits_dense = L.DenseGeneral((cfg.vocab_size,), ("embed", "vocab"),
-                                               dtype=dtype, init=L.kernel_init(cfg))
+            self.logits_dense = L.make_dense(cfg, cfg.vocab_size, ("embed", "vocab"), False)
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
     @property
     def num_prompt(self) -> int:
         """Soft-prompt length (prompt tuning) if this stack gets the prompt, else 0."""
-        return self.cfg.peft.prompt_tokens if peft.prompted_stack(self.cfg) == self.kind else 0
+        prompt = self.modules.prompt
+        return prompt.tokens if prompt is not None and prompt.stack == self.kind else 0
 
     def _make_layers(self):
         cfg = self.cfg
@@ -169,15 +190,16 @@ class Stack(nn.Module):
         if cfg.remat != "none":
             block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat],
                              prevent_cse=not cfg.scan_layers, static_argnums=(3, 4))
-        kw = dict(cfg=cfg, decoder=self.kind == "decoder", cross=self.cross)
+        block_fields = dict(cfg=cfg, decoder=self.kind == "decoder", cross=self.cross,
+                            modules=self.modules)
         if cfg.scan_layers:
             scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                               split_rngs={"params": True, "dropout": True},
                               in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=n,
                               unroll=cfg.scan_unroll or n,
                               metadata_params={nn.PARTITION_NAME: "layers"})
-            return scanned(**kw, scanned=True)
-        return [block(**kw) for _ in range(n)]
+            return scanned(**block_fields, scanned=True)
+        return [block(**block_fields) for _ in range(n)]
 
     def __call__(self, tokens_BL, positions_BL=None, segments_BL=None, token_types_BL=None,
                  prefix_BL=None, encoded_BSD=None, encoder_tokens_BS=None,
@@ -205,7 +227,8 @@ class Stack(nn.Module):
             index, positions_BL, k_pos_BS, k_seg_BS = self.decode_state(positions_BL, seg_BL)
             mask_BLS = self._decode_mask(index, seg_BL, k_seg_BS, prefix_BL)
         else:
-            positions_BL = L.maybe(positions_BL, jnp.broadcast_to(jnp.arange(t), (b, t)))
+            if positions_BL is None:
+                positions_BL = jnp.broadcast_to(jnp.arange(t), (b, t))
             k_pos_BS = positions_BL
             mask_BLS = L.self_attention_mask(q_valid_BL, segments_BL, self.kind == "decoder",
                                              prefix_BL if cfg.architecture == "prefix_lm" else None)
@@ -215,7 +238,7 @@ class Stack(nn.Module):
                 raise UserError("prompt tuning (model.peft.prompt_tokens) cannot decode a "
                                 "decoder-only model with a KV cache; use prefix tuning "
                                 "(model.peft.prefix_tokens) or an encoder-decoder model.")
-            x_BLD, mask_BLS, positions_BL = peft.prepend_prompt(
+            x_BLD, mask_BLS, positions_BL = self.modules.prompt.prepend(
                 self.prompt, x_BLD, mask_BLS, q_valid_BL, positions_BL)
             k_pos_BS = positions_BL
         pos_bias = cache_index = rope_pos = encoded = cross_bias = None
@@ -229,7 +252,7 @@ class Stack(nn.Module):
                 owner = self if self.shared is None else self.shared
                 pos_bias = owner.relpos_bias(q_pos, k_pos, bidirectional)
             else:
-                pos_bias = L.alibi_bias(q_pos, k_pos, cfg.num_heads)
+                pos_bias = alibi_bias(q_pos, k_pos, cfg.num_heads)
         if decode:
             cache_index = index
         if cfg.position == "rope":
@@ -258,17 +281,18 @@ class Stack(nn.Module):
 
     def embed(self, tokens_BL, positions_BL, token_types_BL=None, deterministic=True):
         cfg = self.cfg
-        own = self if self.embeddings_from is None else self.embeddings_from
+        owner = self if self.embeddings_from is None else self.embeddings_from
         x_BLD = self.embedder(tokens_BL)
         if cfg.position == "learned":
-            x_BLD = x_BLD + own.position_embedder(positions_BL)
+            x_BLD = x_BLD + owner.position_embedder(positions_BL)
         elif cfg.position == "sinusoidal":
-            x_BLD = x_BLD + L.sinusoidal(positions_BL, cfg.d_model).astype(x_BLD.dtype)
+            x_BLD = x_BLD + sinusoidal(positions_BL, cfg.d_model).astype(x_BLD.dtype)
         if cfg.num_token_types > 0 and self.kind == "encoder":
-            x_BLD = x_BLD + own.token_type_embedder(
-                L.maybe(token_types_BL, jnp.zeros_like(tokens_BL)))
+            if token_types_BL is None:
+                token_types_BL = jnp.zeros_like(tokens_BL)
+            x_BLD = x_BLD + owner.token_type_embedder(token_types_BL)
         if cfg.embed_norm:
-            x_BLD = own.embed_norm(x_BLD)
+            x_BLD = owner.embed_norm(x_BLD)
         x_BLD = self.dropout(x_BLD, deterministic=deterministic)
         if (cfg.embed_dim or cfg.d_model) != cfg.d_model:
             x_BLD = self.embed_project(x_BLD)

@@ -10,6 +10,7 @@ table. (MaxText's train_compile.py is the precedent.)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -75,29 +76,30 @@ def _step_fields(cfg, topo: Topology, mesh) -> dict:
 def _compile(cfg, topo: Topology, devices=None) -> dict:
     import jax
 
-    from t5lite.models import build_model, layers, peft
+    from t5lite import peft
+    from t5lite.models import build_model
     from t5lite.train import partitioning, trainer
 
     devices = devices if devices is not None else abstract_devices(topo)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
-    model = build_model(cfg.model)
+    # the TPU's gradient rules, whatever this host's backend is
+    model = build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
     tx = peft.make_optimizer(cfg, cfg.train.steps)
     t0 = time.time()
-    with layers.target_platform("tpu"):
-        abstract, traced = trace_train_step(cfg, mesh, model, tx)
-        with partitioning.activate(mesh):
-            lowered = traced.lower()
-        with partitioning.activate(mesh):
-            model_flops = trainer.step_flops(cfg, model, mesh, abstract.params,
-                                             cfg.data.batch_size)
-        try:
-            compiled = lowered.compile()
-        except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            return _out_of_memory(cfg, topo, mesh, abstract, model_flops, str(e),
-                                  time.time() - t0)
+    abstract, traced = trace_train_step(cfg, mesh, model, tx)
+    with partitioning.activate(mesh):
+        lowered = traced.lower()
+    with partitioning.activate(mesh):
+        model_flops = trainer.step_flops(cfg, model, mesh, abstract.params,
+                                         cfg.data.batch_size)
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return _out_of_memory(cfg, topo, mesh, abstract, model_flops, str(e),
+                              time.time() - t0)
     seconds = time.time() - t0
     report = {"config": cfg.name, "compiled": True}
     report.update(_step_fields(cfg, topo, mesh))
@@ -190,30 +192,29 @@ def _compile_decode_program(cfg, mesh, model, beams: int, samples: int, n_in: in
     import jax
     import jax.numpy as jnp
 
+    from t5lite import peft
     from t5lite.eval import decoding
-    from t5lite.models import layers, peft
     from t5lite.train import partitioning, trainer
 
     key = jax.eval_shape(lambda: jax.random.key(0))  # outside the abstract mesh
     knobs = dict(decoding.runtime_knobs(cfg.decode), eos_id=jnp.int32(1))
-    with layers.target_platform("tpu"):
-        abstract, shardings, _ = trainer.abstract_train_state(
-            cfg, model, mesh, peft.make_optimizer(cfg, cfg.train.steps))
-        batch_sharding = partitioning.batch_sharding(mesh)
-        replicated = partitioning.replicated(mesh)
-        fn = jax.jit(functools.partial(decoding.generate_program, model, beams, samples,
-                                       cfg.decode.max_length),
-                     in_shardings=(shardings.params, batch_sharding, batch_sharding,
-                                   replicated, replicated))
-        b = cfg.data.batch_size
-        args = (abstract.params,
-                jax.ShapeDtypeStruct((b, n_in), jnp.int32, sharding=batch_sharding),
-                jax.ShapeDtypeStruct((b,), jnp.int32, sharding=batch_sharding),
-                jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated),
-                jax.tree.map(lambda x: jax.ShapeDtypeStruct((), x.dtype, sharding=replicated),
-                             knobs))
-        with partitioning.activate(mesh):
-            return abstract, fn.lower(*args).compile()
+    abstract, shardings, _ = trainer.abstract_train_state(
+        cfg, model, mesh, peft.make_optimizer(cfg, cfg.train.steps))
+    batch_sharding = partitioning.batch_sharding(mesh)
+    replicated = partitioning.replicated(mesh)
+    fn = jax.jit(functools.partial(decoding.generate_program, model, beams, samples,
+                                   cfg.decode.max_length),
+                 in_shardings=(shardings.params, batch_sharding, batch_sharding,
+                               replicated, replicated))
+    b = cfg.data.batch_size
+    args = (abstract.params,
+            jax.ShapeDtypeStruct((b, n_in), jnp.int32, sharding=batch_sharding),
+            jax.ShapeDtypeStruct((b,), jnp.int32, sharding=batch_sharding),
+            jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated),
+            jax.tree.map(lambda x: jax.ShapeDtypeStruct((), x.dtype, sharding=replicated),
+                         knobs))
+    with partitioning.activate(mesh):
+        return abstract, fn.lower(*args).compile()
 
 
 def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
@@ -229,7 +230,7 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     devices = devices if devices is not None else abstract_devices(topo)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size)
-    model = build_model(cfg.model)
+    model = build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
     decoding.check(cfg.decode, cfg.model)
     n_in = _decode_input_length(cfg)
     beams = cfg.decode.beams if cfg.decode.method == "beam" else 0

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from t5lite.models import peft
+from t5lite import peft
 from t5lite.monitor import flops as flops_lib
 from t5lite.train import losses, optim, partitioning
 from t5lite.train.state import TrainState, init_rngs

@@ -16,7 +16,7 @@ import jax
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
-from t5lite.models import peft
+from t5lite import peft
 from t5lite.monitor import writers
 from t5lite.store import checkpointing
 from t5lite.store import workdir as workdir_lib
