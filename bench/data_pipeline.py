@@ -49,10 +49,10 @@ def bench_pipeline(cfg, num_batches: int):
 
 
 def bench_train_step(cfg, batches, num_steps: int):
-    from t5lite.models import build_model
+    from t5lite import peft
     from t5lite.train import optim, partitioning, trainer
     mesh = partitioning.make_mesh(cfg.mesh)
-    model = build_model(cfg.model)
+    model = peft.build_model(cfg.model)
     tx = optim.make_optimizer(cfg.optim, cfg.train.steps)
     state, shardings = trainer.create_train_state(cfg, model, mesh, tx)
     step = trainer.make_train_step(cfg, model, tx, mesh, shardings)

@@ -150,10 +150,10 @@ def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
 
 def model_flops_per_chip(cfg, mesh) -> float:
     """3 x forward matmul FLOPs of the step (trainer.step_flops, the model both sides run)."""
-    from t5lite.models import build_model
+    from t5lite import peft
     from t5lite.train import trainer
     from t5lite.train.optim import make_optimizer
-    model = build_model(cfg.model)
+    model = peft.build_model(cfg.model)
     abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh,
                                                   make_optimizer(cfg.optim, cfg.train.steps))
     return trainer.step_flops(cfg, model, mesh, abstract.params, BATCH) / mesh.size

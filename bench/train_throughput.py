@@ -170,13 +170,12 @@ def run_ours(args) -> dict:
     from t5lite import convert
     from t5lite.config import MeshConfig
     from t5lite import peft
-    from t5lite.models import build_model
     from t5lite.train import partitioning, trainer
     base = _rss_mib()
     cfg = make_config(args.family, args.size, args.batch, args.dropout, args.scan_unroll)
     devices = jax.devices()[:1]  # one CPU device using every core (XLA's intra-op pool)
     mesh = partitioning.make_mesh(MeshConfig(), devices)
-    model = build_model(cfg.model)
+    model = peft.build_model(cfg.model)
     tx = peft.make_optimizer(cfg, cfg.train.steps)
     abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
     flops = trainer.step_flops(cfg, model, mesh, abstract.params, cfg.data.batch_size)

@@ -385,7 +385,7 @@ def test_table10_adapters_are_dense_relu_dense_after_the_mlp_only():
     import jax.numpy as jnp
     from flax import traverse_util
     from t5lite import peft
-    from t5lite.models import build_model
+    from t5lite.peft import build_model
     table, plans = _plans("table10")
     _, (ft,) = plans["adapters32"]
     cfg = ft.cfg.model

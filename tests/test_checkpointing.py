@@ -19,7 +19,7 @@ from t5lite.store import checkpointing
 from t5lite.train import optim, partitioning, trainer
 from t5lite import config as config_lib
 from t5lite.errors import UserError
-from t5lite.models import build_model
+from t5lite.peft import build_model
 from train_helpers import enable_compilation_cache, tf_iterator, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,6 +15,7 @@ from flax import linen as nn
 from train_helpers import random_model_batch
 
 from t5lite.config import ElectraConfig, ModelConfig, PeftConfig, load_config
+from t5lite import peft
 from t5lite.errors import UserError
 from t5lite.models import (PUBLISHED, abstract_params, build_model, count_params, dummy_batch,
                            init_cache)
@@ -520,7 +521,7 @@ def test_cpu_and_accelerator_gradient_rules_give_the_same_gradients(name):
     for rules in ("cpu", "accelerator"):
         cfg = tiny(num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0,
                    gradient_rules=rules, **GRADIENT_RULE_MODELS[name])
-        model = build_model(cfg)
+        model = peft.build_model(cfg)  # the core model when PEFT is off
         batch = random_model_batch(cfg, 2, 8, 6)
         params = nn.meta.unbox(jax.jit(model.init)(KEY(0), batch)["params"])
 

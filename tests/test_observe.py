@@ -260,7 +260,8 @@ def test_convert_export_of_a_lora_run_names_merge_lora_which_works(tmp_path, cap
     import flax.linen as nn
     import jax
     from t5lite.cli import main as cli
-    from t5lite.models import build_model, dummy_batch
+    from t5lite.models import dummy_batch
+    from t5lite.peft import build_model
     from t5lite.store import checkpointing
     from t5lite.store.checkpointing import load_params
     cfg = config_lib.load_config("bert_tiny", ["model.peft.lora_rank=2"])

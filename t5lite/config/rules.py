@@ -130,6 +130,13 @@ def check_model(m) -> None:
         raise UserError(f"position=sinusoidal needs an even d_model, got {m.d_model}.")
 
 
+def peft_enabled(m) -> bool:
+    """Any PEFT method that adds modules or params is on in ModelConfig ``m`` (freezing alone
+    does not count)."""
+    p = m.peft
+    return bool(p.lora_rank or p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3)
+
+
 def check_peft(m) -> None:
     """PEFT config errors, with what to do (m: ModelConfig). peft.check."""
     p = m.peft

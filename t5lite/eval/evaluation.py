@@ -370,7 +370,7 @@ class TrainEvaluator:
 
 def load(checkpoint: str, overrides: Sequence[str] = ()):
     """-> (cfg with overrides applied, model, params) from any checkpoint layout."""
-    from t5lite.models import build_model
+    from t5lite import peft
     from t5lite.monitor import progress
     from t5lite.store import checkpointing
     with progress.quiet_absl():
@@ -382,7 +382,7 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     dataprep.use_data_dir(cfg.data.data_dir)
     from t5lite.tasks import pipeline
     pipeline.import_task_modules(cfg.data.task_modules)
-    return cfg, build_model(cfg.model), params
+    return cfg, peft.build_model(cfg.model), params
 
 
 def io_vocabularies(cfg):

@@ -1,8 +1,8 @@
 """Models: ``build_model(cfg)`` for every architecture, dummy batches, KV cache, param counts.
 
 See CONTRACTS.md ("Models") for the call conventions and architectures.py for the param tree.
-build_model assembles the model: the core architectures (which never import t5lite.peft) with
-the Stack modules that t5lite.peft chooses for ``cfg.peft``.
+The models package never imports t5lite.peft: a PEFT model is the core architecture built
+with the Stack modules t5lite.peft chooses (``peft.build_model(cfg)`` passes them in).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5lite import peft
 from t5lite.errors import UserError
 from t5lite.models.architectures import ARCHITECTURES
 from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
 from t5lite.models.electra import Electra
+from t5lite.models.transformer import CORE_MODULES, StackModules
 from t5lite.text_table import format_table
 
 # Published parameter counts: HF T5ForConditionalGeneration (t5-small, t5-base,
@@ -43,11 +43,17 @@ def check(cfg) -> None:
     config_lib.check_model(cfg)
 
 
-def build_model(cfg) -> nn.Module:
-    """The flax module for ``cfg.architecture`` (a ModelConfig or a full Config)."""
+def build_model(cfg, modules: StackModules | None = None) -> nn.Module:
+    """The flax module for ``cfg.architecture`` (a ModelConfig or a full Config), its Stacks
+    built from ``modules`` (the core layers by default; t5lite.peft passes its own)."""
     cfg = _model_cfg(cfg)
     check(cfg)
-    modules = peft.stack_modules(cfg)
+    if modules is None:
+        from t5lite import config as config_lib
+        if config_lib.peft_enabled(cfg):
+            raise UserError("model.peft turns a PEFT method on: build this model with "
+                            "t5lite.peft.build_model(cfg), which adds its modules.")
+        modules = CORE_MODULES
     if cfg.electra.rtd_head:  # ELECTRA: the encoder_only model with a generator + RTD head
         return Electra(cfg, modules)
     return ARCHITECTURES[cfg.architecture](cfg, modules)
@@ -130,10 +136,11 @@ def init_cache(model, params, batch_size: int, max_length: int, encoder_input_to
 HEAD_PREFIXES = ("mlm_", "nsp_", "class_", "token_dense", "span_dense", "sbo")
 
 
-def abstract_params(cfg, feature_length: int = 8):
-    """Boxed parameter shapes via jax.eval_shape (nothing allocated)."""
+def abstract_params(cfg, feature_length: int = 8, modules: StackModules | None = None):
+    """Boxed parameter shapes via jax.eval_shape (nothing allocated); ``modules`` as
+    build_model's."""
     cfg = _model_cfg(cfg)
-    model = build_model(cfg)
+    model = build_model(cfg, modules)
     lengths = {"inputs": feature_length, "targets": feature_length}
     batch = dummy_batch(cfg, 1, lengths)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}

@@ -16,14 +16,14 @@ from t5lite.peft.methods import (
     ADAPTER_SUFFIX, IA3_NAMES, LORA_NAMES, PEFT_MARKER, PREFIX_NAMES, PROMPT_NAME, check,
     enabled)
 from t5lite.peft.modules import (
-    MLP, Adapter, Attention, LoraDense, SoftPrompt, add_prefix, ia3_scale, lora_dense,
-    prepend_prompt, prompt_param, prompted_stack, stack_modules)
+    MLP, Adapter, Attention, LoraDense, SoftPrompt, add_prefix, build_model, ia3_scale,
+    lora_dense, prepend_prompt, prompt_param, prompted_stack, stack_modules)
 from t5lite.peft.optimizer import make_optimizer
 from t5lite.peft.unfreeze import opened_groups, total_layers, unfreeze_groups
 
 __all__ = [
     "ADAPTER_SUFFIX", "Adapter", "Attention", "IA3_NAMES", "LORA_NAMES", "LoraDense", "MLP",
-    "PEFT_MARKER", "PREFIX_NAMES", "PROMPT_NAME", "SoftPrompt", "add_prefix", "check",
+    "PEFT_MARKER", "PREFIX_NAMES", "PROMPT_NAME", "SoftPrompt", "add_prefix", "build_model", "check",
     "count_trainable", "describe", "enabled", "grad_mask", "ia3_scale", "is_peft_param",
     "load_peft", "lora_dense", "make_optimizer", "merge_lora", "needs_mask", "opened_groups",
     "path_str", "peft_subset", "prepend_prompt", "prompt_param", "prompted_stack", "save_peft",

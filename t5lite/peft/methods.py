@@ -15,8 +15,7 @@ PEFT_MARKER = "peft_only.json"
 
 def enabled(mcfg) -> bool:
     """Any PEFT method on in this ModelConfig (freezing alone does not count)."""
-    p = mcfg.peft
-    return bool(p.lora_rank or p.prompt_tokens or p.prefix_tokens or p.adapter_dim or p.ia3)
+    return config_lib.peft_enabled(mcfg)
 
 
 def check(mcfg) -> None:

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import t5lite.models.layers as L
+from t5lite import models
 from t5lite.models.transformer import CORE_MODULES, StackModules
 from t5lite.peft.methods import ADAPTER_SUFFIX, PROMPT_NAME, enabled
 
@@ -202,7 +203,9 @@ class SoftPrompt:
 
 def stack_modules(mcfg) -> StackModules:
     """The Stack's modules for ``mcfg.peft``: the core layers when PEFT is off, else their
-    PEFT subclasses (same names, added params), the adapter and the soft prompt."""
+    PEFT subclasses (same names, added params), the adapter and the soft prompt. ``mcfg``: a
+    ModelConfig or a full Config."""
+    mcfg = getattr(mcfg, "model", mcfg)
     if not enabled(mcfg):
         return CORE_MODULES
     p = mcfg.peft
@@ -210,3 +213,9 @@ def stack_modules(mcfg) -> StackModules:
         attention=Attention, mlp=MLP, after_mlp=Adapter if p.adapter_dim else None,
         after_mlp_name="mlp" + ADAPTER_SUFFIX if p.adapter_dim else "",
         prompt=SoftPrompt(p.prompt_tokens, prompted_stack(mcfg)) if p.prompt_tokens else None)
+
+
+def build_model(cfg):
+    """The model of ``cfg`` (a ModelConfig or a full Config) with its PEFT modules: the core
+    architecture built from ``stack_modules`` (the plain model when PEFT is off)."""
+    return models.build_model(cfg, stack_modules(cfg))

@@ -77,14 +77,13 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     import jax
 
     from t5lite import peft
-    from t5lite.models import build_model
     from t5lite.train import partitioning, trainer
 
     devices = devices if devices is not None else abstract_devices(topo)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
     # the TPU's gradient rules, whatever this host's backend is
-    model = build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
+    model = peft.build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
     tx = peft.make_optimizer(cfg, cfg.train.steps)
     t0 = time.time()
     abstract, traced = trace_train_step(cfg, mesh, model, tx)
@@ -223,14 +222,14 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     data.batch_size rows of the inputs length (enc-dec, BERT) or targets length (decoder
     prompts). Per chip: params, temporaries (the cache), total vs HBM; FLOPs as XLA counts
     them (the token loop's body once: about prefill + one decoding step)."""
+    from t5lite import peft
     from t5lite.eval import decoding
-    from t5lite.models import build_model
     from t5lite.train import partitioning
 
     devices = devices if devices is not None else abstract_devices(topo)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size)
-    model = build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
+    model = peft.build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
     decoding.check(cfg.decode, cfg.model)
     n_in = _decode_input_length(cfg)
     beams = cfg.decode.beams if cfg.decode.method == "beam" else 0

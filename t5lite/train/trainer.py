@@ -72,11 +72,10 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
 
 def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, rewrite,
                   preemption, started):
-    from t5lite.models import build_model
     if train_iter is None:
         prepare_tasks(cfg)
 
-    model = build_model(cfg.model)
+    model = peft.build_model(cfg.model)
     # PEFT / freezing (cfg.model.peft) or an explicit trainable_mask: frozen params get no
     # optimizer state; gradual unfreezing opens layers inside the jitted update
     tx = peft.make_optimizer(cfg, cfg.train.steps, trainable=trainable_mask)
