@@ -46,8 +46,8 @@ def test_task_catalog_is_what_seqio_registers():
     show a user."""
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-c", "import json; from t5lite.tasks import listing; "
-         "print(json.dumps(listing.task_rows()))"],
+        [sys.executable, "-c", "import json; from t5lite.tasks import registered; "
+         "print(json.dumps(registered.task_rows()))"],
         env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     live = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -182,12 +182,12 @@ def test_every_local_finetune_task_reads(data_dir):
 
 
 def test_task_listing(data_dir):
-    from t5lite.tasks import listing
-    table = listing.list_tasks()
+    from t5lite.tasks import registered
+    table = registered.list_tasks()
     assert "corpus_span_corruption" in table and "finetune_local" in table
-    shown = listing.show_task("sentiment", split="validation", num_examples=2)
+    shown = registered.show_task("sentiment", split="validation", num_examples=2)
     assert shown.count("--- example") == 2 and "sst2 sentence:" in shown
-    shown = listing.show_task("corpus_span_corruption", num_examples=1)
+    shown = registered.show_task("corpus_span_corruption", num_examples=1)
     assert "<extra_id_0>" in shown
 
 

@@ -104,8 +104,8 @@ def cmd_tasks(args):
         if not args.name:
             raise UserError("`t5lite tasks show` needs a task or mixture name; "
                             "see `t5lite tasks list`.")
-        from t5lite.tasks import listing
-        print(listing.show_task(args.name, split=args.split, num_examples=args.num_examples))
+        from t5lite.tasks import registered
+        print(registered.show_task(args.name, split=args.split, num_examples=args.num_examples))
 
 
 def cmd_data(args):
