@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models.architectures import ARCHITECTURES
 from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
@@ -39,7 +40,6 @@ def _model_cfg(cfg):
 
 def check(cfg) -> None:
     """Model config errors, with what to do about them (the rules: config.rules.check_model)."""
-    from t5lite import config as config_lib
     config_lib.check_model(cfg)
 
 
@@ -49,7 +49,6 @@ def build_model(cfg, modules: StackModules | None = None) -> nn.Module:
     cfg = _model_cfg(cfg)
     check(cfg)
     if modules is None:
-        from t5lite import config as config_lib
         if config_lib.peft_enabled(cfg):
             raise UserError("model.peft turns a PEFT method on: build this model with "
                             "t5lite.peft.build_model(cfg), which adds its modules.")
@@ -191,7 +190,6 @@ def _counts(params) -> tuple[int, int]:
 
 def param_count_table(names=None) -> str:
     """One row per model config under configs/ (top level) with its parameter count."""
-    from t5lite import config as config_lib
 
     if not names:
         names = sorted(n for n in config_lib.available_configs() if "/" not in n)

@@ -73,23 +73,30 @@ def _step_fields(cfg, topo: Topology, mesh) -> dict:
             "tokens_per_step": flops_lib.tokens_per_step(cfg)}
 
 
+def _mesh_and_model(cfg, topo: Topology, devices=None, grad_accum_steps: int = 1):
+    """The slice's mesh (the batch checked against it) and cfg's model built with the
+    accelerator's gradient rules, whatever this host's backend is."""
+    from t5lite import peft
+    from t5lite.train import partitioning
+
+    devices = devices if devices is not None else abstract_devices(topo)
+    mesh = partitioning.make_mesh(cfg.mesh, devices)
+    partitioning.check_batch(mesh, cfg.data.batch_size, grad_accum_steps)
+    return mesh, peft.build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
+
+
 def _compile(cfg, topo: Topology, devices=None) -> dict:
     import jax
 
     from t5lite import peft
     from t5lite.train import partitioning, trainer
 
-    devices = devices if devices is not None else abstract_devices(topo)
-    mesh = partitioning.make_mesh(cfg.mesh, devices)
-    partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
-    # the TPU's gradient rules, whatever this host's backend is
-    model = peft.build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
+    mesh, model = _mesh_and_model(cfg, topo, devices, cfg.train.grad_accum_steps)
     tx = peft.make_optimizer(cfg, cfg.train.steps)
     t0 = time.time()
     abstract, traced = trace_train_step(cfg, mesh, model, tx)
     with partitioning.activate(mesh):
         lowered = traced.lower()
-    with partitioning.activate(mesh):
         model_flops = trainer.step_flops(cfg, model, mesh, abstract.params,
                                          cfg.data.batch_size)
     try:
@@ -222,14 +229,9 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     data.batch_size rows of the inputs length (enc-dec, BERT) or targets length (decoder
     prompts). Per chip: params, temporaries (the cache), total vs HBM; FLOPs as XLA counts
     them (the token loop's body once: about prefill + one decoding step)."""
-    from t5lite import peft
     from t5lite.eval import decoding
-    from t5lite.train import partitioning
 
-    devices = devices if devices is not None else abstract_devices(topo)
-    mesh = partitioning.make_mesh(cfg.mesh, devices)
-    partitioning.check_batch(mesh, cfg.data.batch_size)
-    model = peft.build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
+    mesh, model = _mesh_and_model(cfg, topo, devices)
     decoding.check(cfg.decode, cfg.model)
     n_in = _decode_input_length(cfg)
     beams = cfg.decode.beams if cfg.decode.method == "beam" else 0
