@@ -7,7 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from t5lite.tasks.objectives.common import (
-    bert_special_ids, concat_and_split, map_over_dataset, random_token_range)
+    bert_special_ids, concat_and_split, map_over_dataset, random_split, random_token_range)
 
 
 def bert_mlm(dataset, output_features, sequence_length=None, *, mask_rate=0.15,
@@ -58,10 +58,8 @@ def bert_pairs(dataset, output_features, sequence_length=None, *, nsp=True,
 
     @map_over_dataset(num_seeds=1)
     def split_ab(features, seed):
-        tokens = features["inputs"]
-        k = tf.random.stateless_uniform([], seed=seed, minval=1, maxval=tf.size(tokens),
-                                        dtype=tf.int32)
-        return {"a": tokens[:k], "b": tokens[k:]}
+        a, b = random_split(features["inputs"], seed)
+        return {"a": a, "b": b}
 
     dataset = split_ab(dataset)
     if nsp:

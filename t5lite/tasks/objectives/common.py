@@ -56,6 +56,14 @@ def split_documents(ds: tf.data.Dataset, length: int, key: str = "targets"):
     return ds.map(lambda t: {key: t}, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def random_split(tokens, seed):
+    """tokens -> (tokens[:k], tokens[k:]) at a point k drawn uniformly from 1 .. len - 1 (both
+    parts non-empty for len >= 2): BERT's sentence pair, the paper's prefix LM."""
+    k = tf.random.stateless_uniform([], seed=seed, minval=1, maxval=tf.size(tokens),
+                                    dtype=tf.int32)
+    return tokens[:k], tokens[k:]
+
+
 def limit_tokens(dataset: tf.data.Dataset, max_tokens: int, key: str = "targets"):
     """Keep the first examples until ``max_tokens`` tokens (the paper's Table 9 data sizes;
     the training pipeline repeats the result)."""

@@ -34,7 +34,8 @@ import seqio
 import tensorflow as tf
 
 from t5lite.tasks.objectives.common import (
-    concat_and_split, feature_vocabulary, map_over_dataset, random_token_range, split_documents)
+    concat_and_split, feature_vocabulary, map_over_dataset, random_split, random_token_range,
+    split_documents)
 
 
 # ----------------------------------------------------------------------------- lengths
@@ -301,10 +302,8 @@ def prefix_lm(dataset, output_features, sequence_length=None):
 
     @map_over_dataset(num_seeds=1)
     def split_point(features, seed):
-        tokens = features["targets"]
-        k = tf.random.stateless_uniform([], seed=seed, minval=1, maxval=tf.size(tokens),
-                                        dtype=tf.int32)
-        return {"inputs": tokens[:k], "targets": tokens[k:]}
+        inputs, targets = random_split(features["targets"], seed)
+        return {"inputs": inputs, "targets": targets}
 
     return split_point(dataset.filter(lambda x: tf.size(x["targets"]) >= 2))
 
