@@ -1,7 +1,8 @@
 #!/bin/bash
 # The training job on one TPU VM worker; launch/tpu_vm.py runs it on every worker over ssh.
 #
-#   bash launch/tpu_job.sh run [--detach] [--job-id ID] [--logs-url gs://..] [--sync-every S] -- CMD...
+#   bash launch/tpu_job.sh run [--detach] [--job-id ID] [--env-file F] [--logs-url gs://..]
+#                              [--sync-every S] -- CMD...
 #   bash launch/tpu_job.sh stop [--grace S]      # SIGTERM (the trainer saves and exits 75), then KILL
 #   bash launch/tpu_job.sh status
 #   bash launch/tpu_job.sh sync-logs             # copy this worker's logs to --logs-url now
@@ -14,6 +15,10 @@
 # so the TPU is free. Logs are
 # appended per job (never truncated) and copied to LOGS_URL/<job id>/worker-<N>.log every
 # --sync-every seconds and when the job ends, so they outlive the VM.
+# --env-file F (`export NAME=VALUE` lines that tpu_vm.py copied here for --env) is moved into
+# JOB_HOME, readable only by this user, and sourced by the job: its values, which may be
+# secrets, never appear on a command line, in `ps`, in the log or in its copies (the names do).
+# `stop` marks the job stopped, so that its exit (75, like a preemption) reads as a stop.
 # Every outcome ends with one line `t5lite-job: worker N <what>` that tpu_vm.py reads.
 
 set -u
@@ -21,6 +26,8 @@ JOB_HOME="${T5LITE_JOB_HOME:-$HOME/t5lite-job}"  # pid, cmd, exit, logs of this 
 LOCKFILE="${T5LITE_TPU_LOCKFILE:-/tmp/libtpu_lockfile}"  # libtpu's one-process lock
 PIDF="$JOB_HOME/pid" CMDF="$JOB_HOME/cmd" EXITF="$JOB_HOME/exit" URLF="$JOB_HOME/logs_url"
 IDF="$JOB_HOME/job_id"  # the id of the job that EXITF belongs to
+STOPF="$JOB_HOME/stopped"  # the id of the job that `stop` stopped
+ENVF="$JOB_HOME/env"  # the current job's --env values (mode 600)
 CURRENT_LOG="$HOME/t5lite-train.log"  # symlink to the current job's log (`logs` reads it)
 mkdir -p "$JOB_HOME/logs"
 
@@ -104,16 +111,21 @@ report_exit() {
     local rc
     rc="$(cat "$EXITF" 2>/dev/null)"
     if [[ -z "$rc" ]]; then say "lost (the job ended without an exit code)"; exit 1; fi
-    say "exit $rc"
+    if [[ -s "$STOPF" && "$(cat "$STOPF")" == "$(cat "$IDF" 2>/dev/null)" ]]; then
+        say "exit $rc stopped"
+    else
+        say "exit $rc"
+    fi
     exit "$rc"
 }
 
 cmd_run() {
-    local detach=0 job_id="" url="" every=60
+    local detach=0 job_id="" url="" every=60 env_file=""
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --detach) detach=1 ;;
             --job-id) job_id="$2"; shift ;;
+            --env-file) env_file="$2"; shift ;;
             --logs-url) url="$2"; shift ;;
             --sync-every) every="$2"; shift ;;
             --) shift; break ;;
@@ -124,6 +136,15 @@ cmd_run() {
     [[ $# -gt 0 ]] || { echo "tpu_job.sh: give the command after --" >&2; exit 2; }
     local cmd pid
     cmd="$(printf '%q ' "$@")"
+    if [[ -n "$env_file" ]]; then  # the names (not the values) are part of what the job is
+        chmod 600 "$env_file" 2>/dev/null
+        [[ -f "$env_file" ]] || env_file="$ENVF.$job_id"  # gcloud re-sent the command
+        [[ -f "$env_file" ]] || { say "lost (no --env file $env_file)"; exit 1; }
+        cmd+="(env file: $(sed -n 's/^export \([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' "$env_file" \
+            | tr '\n' ' '))"
+    fi
+    # not started by this `run` (attached, refused, already ended): its copy goes
+    [[ -n "$env_file" && "$env_file" != "$ENVF.$job_id" ]] && trap 'rm -f "$env_file"' EXIT
     # One `run` at a time decides (a rerun racing a re-sent ssh command must not start two jobs).
     exec 9>"$JOB_HOME/run.lock"
     flock -w 120 9 || true
@@ -153,7 +174,12 @@ cmd_run() {
     clean_stale
     job_id="${job_id:-$(date -u +%Y%m%dT%H%M%SZ)}"
     local log="$JOB_HOME/logs/$job_id.log"
-    rm -f "$EXITF" "$PIDF"
+    rm -f "$EXITF" "$PIDF" "$STOPF"
+    find "$JOB_HOME" -maxdepth 1 -name 'env.*' ! -name "env.$job_id" -delete 2>/dev/null
+    if [[ -n "$env_file" && "$env_file" != "$ENVF.$job_id" ]]; then
+        mv -f "$env_file" "$ENVF.$job_id" && trap - EXIT
+        env_file="$ENVF.$job_id"
+    fi
     printf '%s' "$job_id" >"$IDF"
     printf '%s' "$cmd" >"$CMDF"
     printf '%s' "$url" >"$URLF"
@@ -163,8 +189,9 @@ cmd_run() {
     # setsid: the job is its own process group (stop-job signals all of it) and survives the
     # ssh session; stdin from /dev/null so a dropped connection cannot stop it; started from a
     # subshell so that init, not this shell, reaps it.
-    (T5LITE_SYNC_EVERY="$every" setsid env T5LITE_JOB_HOME="$JOB_HOME" \
-        bash "${BASH_SOURCE[0]}" _wrap "$@" >>"$log" 2>&1 </dev/null 9>&- &)
+    (T5LITE_SYNC_EVERY="$every" T5LITE_ENV_FILE="$env_file" setsid env \
+        T5LITE_JOB_HOME="$JOB_HOME" bash "${BASH_SOURCE[0]}" _wrap "$@" >>"$log" 2>&1 \
+        </dev/null 9>&- &)
     for _ in $(seq 100); do [[ -s "$PIDF" || -f "$EXITF" ]] && break; sleep 0.1; done
     exec 9>&-
     pid="$(cat "$PIDF" 2>/dev/null)"
@@ -185,6 +212,11 @@ cmd_wrap() {
     (while sleep "${T5LITE_SYNC_EVERY:-60}"; do sync_logs; done) 2>/dev/null &
     local syncer=$!
     trap : TERM INT HUP  # outlive the signal: the trainer saves a checkpoint, we record its exit
+    if [[ -n "${T5LITE_ENV_FILE:-}" ]]; then
+        # shellcheck disable=SC1090
+        . "$T5LITE_ENV_FILE" || { echo "=== cannot read the --env file"; exit 1; }
+        unset T5LITE_ENV_FILE
+    fi
     "$@"
     local rc=$?
     echo "=== exit $rc, $(date -u '+%F %T') UTC"
@@ -200,6 +232,7 @@ cmd_stop() {
     [[ "${1:-}" == "--grace" ]] && grace="$2"
     pid="$(live_pid)"
     if [[ -z "$pid" ]]; then say "no job running"; exit 0; fi
+    cp "$IDF" "$STOPF" 2>/dev/null
     kill -TERM -- "-$pid" 2>/dev/null
     for _ in $(seq $((grace * 10))); do alive "$pid" || break; sleep 0.1; done
     if alive "$pid"; then

@@ -1,11 +1,12 @@
 """Stands in for `python3` and the venv's `python` on the fake TPU workers (tests/fake_gcloud.py).
 
 `-m pip` / `-m uv pip` are recorded; `-m uv venv DIR` makes DIR/bin/python (this script);
-`-m t5lite.cli train` plays action $FAKE_RUN (the launcher's n-th `train` ssh) of
-$FAKE_CLOUD/plan.json:
-ok (a few steps, exit 0), preempt (exit 75), fail (exit 1), lost (the slice is preempted
-under it), long (3 s of steps, exit 0), slow (steps until SIGTERM, then "checkpoint saved"
-and exit 75; every action does that on SIGTERM).
+`-m t5lite.cli train` records its start and environment and plays action $FAKE_RUN (the
+launcher's n-th `train` ssh) of $FAKE_CLOUD/plan.json:
+ok (a few steps, exit 0), preempt (exit 75), fail (exit 1), long (10 s of steps, exit 0),
+slow, lost and hang (steps until ended: SIGTERM gives "checkpoint saved" and exit 75, as every
+action does; for lost and hang, tests/fake_gcloud.py preempts the slice under it once every
+worker has started).
 """
 
 import json
@@ -24,24 +25,9 @@ def record(name, **item):
         f.write(json.dumps({"worker": WORKER, "node": os.environ.get("FAKE_NODE"), **item}) + "\n")
 
 
-def all_workers_started(timeout=60):
-    """Wait until every worker of this slice started this run: a slice lost before a slow
-    (loaded) worker got there would never see that worker's start."""
-    node, run = os.environ["FAKE_NODE"], os.environ["FAKE_RUN"]
-    with open(os.path.join(FAKE, "cloud.json")) as f:
-        workers = json.load(f)["nodes"][node]["workers"]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with open(os.path.join(FAKE, "starts.jsonl")) as f:
-            started = {s["worker"] for s in map(json.loads, f) if s["node"] == node
-                       and s["run"] == run}
-        if len(started) >= workers:
-            return
-        time.sleep(0.1)
-
-
 def train(argv):
-    record("starts.jsonl", argv=argv, run=os.environ["FAKE_RUN"])
+    env = {k: v for k, v in os.environ.items() if k.startswith(("TPU_", "TENSORSTORE_", "MY_"))}
+    record("starts.jsonl", argv=argv, run=os.environ["FAKE_RUN"], env=env)
     plan = json.load(open(os.path.join(FAKE, "plan.json")))
     action = plan[min(int(os.environ["FAKE_RUN"]) - 1, len(plan) - 1)]  # a slice's workers alike
     step = 0
@@ -52,13 +38,10 @@ def train(argv):
         sys.exit(75)
 
     signal.signal(signal.SIGTERM, term)
-    for step in range(1, {"slow": 300, "long": 100}.get(action, 3) + 1):
+    steps = {"slow": 600, "lost": 600, "hang": 600, "long": 100}.get(action, 3)
+    for step in range(1, steps + 1):
         print(f"step {step} loss {4.0 / step:.2f}", flush=True)
         time.sleep(0.1)
-        if action == "lost" and step == 2:
-            all_workers_started()
-            open(os.path.join(FAKE, f"preempt-{os.environ['FAKE_NODE']}"), "w").close()
-            time.sleep(60)
     if action == "preempt":
         term()
     if action == "fail":

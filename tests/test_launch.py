@@ -54,7 +54,11 @@ def tpu(*argv):
 # ----------------------------------------------------------------------------- TPU VM: dry run
 
 ZONE = ["--zone=us-central2-b", "--project=my-proj"]
-JOB_ID = r"\d{8}T\d{6}Z"
+JOB_ID = r"\d{8}T\d{6}Z-[0-9a-f]{6}"
+ALIVE = "--ssh-flag=-oServerAliveInterval=30 --ssh-flag=-oServerAliveCountMax=4"
+KEEPALIVE = ALIVE.split()
+PRESETS = ("env TPU_MIN_LOG_LEVEL=0 TPU_STDERR_LOG_LEVEL=1 "
+           "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS=60 TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES=256")
 
 
 @pytest.mark.parametrize("accelerator,runtime,hosts,create", [
@@ -76,7 +80,7 @@ def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts, create):
                   f"gcloud compute tpus tpu-vm scp {archive} {name}:t5lite-src.tar.gz "
                   "--worker=all --zone=us-central2-b --project=my-proj",
                   f"gcloud compute tpus tpu-vm ssh {name} --worker=all --zone=us-central2-b "
-                  "--project=my-proj --command "
+                  f"--project=my-proj {ALIVE} --command "
                   + shlex.quote(worker_setup.setup_script(fetch, True))],
         "delete": [f"gcloud compute tpus {'queued-resources' if hosts > 1 else 'tpu-vm'} delete "
                    f"{name} --zone=us-central2-b --project=my-proj "
@@ -92,14 +96,24 @@ def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts, create):
     r = tpu("train", name, *where, "--config=configs/tiny_t5.py", "--workdir=gs://bkt/runs/a",
             "--set", "train.steps=100", "--env", "T5LITE_DATA_DIR=/mnt/data", "--skip-fit-check")
     assert r.returncode == 0, r.stderr
-    assert re.fullmatch(
+    probe = r"gs://bkt/runs/a/\.t5lite-probe-[0-9a-f]{8}"
+    env_file = os.path.join(tempfile.gettempdir(), "t5lite-env-FILE")
+    assert re.fullmatch(  # the bucket check, the --env file, the job: values never on a line
+        "gcloud storage buckets describe gs://bkt --format=json\n"
+        f"gcloud storage cp - {probe} <<< 't5lite write probe'\n"
+        f"gcloud storage cat {probe}\ngcloud storage rm {probe}\n"
+        + re.escape(f"gcloud compute tpus tpu-vm scp {env_file} {name}:t5lite-env-")
+        + JOB_ID + re.escape(" --worker=all --zone=us-central2-b --project=my-proj "
+                             "--scp-flag=-oServerAliveInterval=30 "
+                             "--scp-flag=-oServerAliveCountMax=4") + "\n"
         f"gcloud compute tpus tpu-vm ssh {name} --worker=all --zone=us-central2-b "
-        "--project=my-proj --command " + re.escape(shlex.quote(
-            "bash ~/t5lite/launch/tpu_job.sh run --job-id JOB --logs-url "
-            "gs://bkt/runs/a/worker_logs --sync-every 60 -- env T5LITE_DATA_DIR=/mnt/data "
-            "~/t5lite-venv/bin/python -m t5lite.cli train --config=configs/tiny_t5.py "
-            "--workdir=gs://bkt/runs/a --set mesh.multihost=true --set train.steps=100"))
-        .replace("JOB", JOB_ID) + "\n", r.stdout)
+        f"--project=my-proj {ALIVE} --command " + re.escape(shlex.quote(
+            "bash ~/t5lite/launch/tpu_job.sh run --job-id JOB --env-file t5lite-env-JOB "
+            "--logs-url gs://bkt/runs/a/worker_logs --sync-every 60 -- "
+            f"{PRESETS} ~/t5lite-venv/bin/python -m t5lite.cli train "
+            "--config=configs/tiny_t5.py --workdir=gs://bkt/runs/a --set mesh.multihost=true "
+            "--set train.steps=100")).replace("JOB", JOB_ID) + "\n", r.stdout)
+    assert "/mnt/data" not in r.stdout + r.stderr and "T5LITE_DATA_DIR=***" in r.stderr
 
 
 def test_tpu_setup_installs_python_3_12_with_uv():
@@ -122,7 +136,8 @@ def test_tpu_dry_run_runs_nothing(tmp_path):
 def test_tpu_create_options_queued_spot_best_effort():
     r = tpu("create", "q", "--zone=europe-west4-b", "--accelerator-type=v5litepod-16",
             "--spot", "--network=net", "--subnetwork=sub", "--service-account=sa@p.iam",
-            "--scopes=cloud-platform", "--metadata=k=v", "--internal-ip", "--dry-run")
+            "--scopes=cloud-platform", "--metadata=k=v", "--no-external-ip", "--internal-ip",
+            "--dry-run")
     assert r.stdout.splitlines() == [
         "gcloud compute tpus queued-resources create q --node-id=q "
         "--accelerator-type=v5litepod-16 --runtime-version=v2-alpha-tpuv5-lite "
@@ -137,6 +152,11 @@ def test_tpu_create_options_queued_spot_best_effort():
     assert "gcloud components install alpha" in r.stderr
     r = tpu("create", "q", "--accelerator-type=v4-32", "--no-queued", "--dry-run")
     assert r.stdout.startswith("gcloud compute tpus tpu-vm create q")
+    r = tpu("create", "q", "--accelerator-type=v4-8", "--spot", "--dry-run")  # Spot: queued
+    assert r.stdout.splitlines() == [
+        "gcloud compute tpus queued-resources create q --node-id=q --accelerator-type=v4-8 "
+        "--runtime-version=tpu-ubuntu2204-base --spot"]
+    assert "Spot: creating a queued resource" in r.stderr
     r = tpu("create", "q", "--accelerator-type=v4-8", "--best-effort", "--dry-run")
     assert r.returncode == 2 and "add --queued" in r.stderr
 
@@ -146,13 +166,13 @@ def test_tpu_setup_from_git_logs_stop_job_and_iap():
             "--no-prepare-data", "--dry-run")
     fetch = "rm -rf ~/t5lite && git clone --depth 1 --branch v1 https://example.com/t5lite.git ~/t5lite"
     assert r.stdout.splitlines() == [
-        "gcloud compute tpus tpu-vm ssh n --worker=all --command "
+        f"gcloud compute tpus tpu-vm ssh n --worker=all {ALIVE} --command "
         + shlex.quote(worker_setup.setup_script(fetch, False))]
     r = tpu("logs", "n", "--worker=3", "--lines=20", "--internal-ip", "--dry-run")
     assert r.stdout.splitlines() == [
-        "gcloud compute tpus tpu-vm ssh n --worker=3 --internal-ip "
+        f"gcloud compute tpus tpu-vm ssh n --worker=3 --internal-ip {ALIVE} "
         "--command 'tail -n 20 -F ~/t5lite-train.log'"]
-    r = tpu("stop-job", "n", "--tunnel-through-iap", "--dry-run")
+    r = tpu("stop-job", "n", "--tunnel-through-iap", "--ssh-alive-interval=0", "--dry-run")
     assert r.stdout.splitlines() == [
         "gcloud alpha compute tpus tpu-vm ssh n --worker=all --tunnel-through-iap "
         "--command 'bash ~/t5lite/launch/tpu_job.sh stop --grace 180'"]
@@ -264,9 +284,9 @@ class FakeCloud:
     """tests/fake_gcloud.py on PATH as `gcloud` (records calls, plays states), fake ssh-agent
     tools, and fake workers (their homes under nodes/) that run the real launch/tpu_job.sh."""
 
-    def __init__(self, tmp_path, plan=("ok",), qr_plan=None, agent=True):
+    def __init__(self, tmp_path, plan=("ok",), qr_plan=None, agent=True, **scripted):
         self.dir = tmp_path / "cloud"
-        for d in ("bin", "workerbin", "gcs", "nodes"):
+        for d in ("bin", "workerbin", "gcs/bkt", "gcs/b", "nodes"):  # buckets bkt and b exist
             (self.dir / d).mkdir(parents=True)
         here = os.path.dirname(os.path.abspath(__file__))
         _script(self.dir / "bin" / "gcloud", open(os.path.join(here, "fake_gcloud.py")).read())
@@ -280,7 +300,7 @@ class FakeCloud:
         (self.dir / "cloud.json").write_text(json.dumps({
             "queued": {}, "nodes": {}, "qr_plan": qr_plan,
             "fail_reason": "There is no more capacity in the zone \"us-central2-b\"",
-            "workers": {"v4-8": 1, "v4-16": 2}}))
+            "workers": {"v4-8": 1, "v4-16": 2}, **scripted}))
         (self.dir / "plan.json").write_text(json.dumps(list(plan)))
         self.home = tmp_path / "home"
         (self.home / ".ssh").mkdir(parents=True)
@@ -328,7 +348,21 @@ def describe(kind, name):
 
 
 def ssh_call(name, command, worker="all"):
-    return [*TPUS, "tpu-vm", "ssh", name, f"--worker={worker}", *Z, "--command", command]
+    return [*TPUS, "tpu-vm", "ssh", name, f"--worker={worker}", *Z, *KEEPALIVE, "--command",
+            command]
+
+
+def bucket_check(workdir):
+    """The calls of the bucket check before a job: the bucket, then a probe written, read and
+    deleted (its name is random)."""
+    bucket = "gs://" + workdir[5:].split("/")[0]
+    return [["storage", "buckets", "describe", bucket, "--format=json"],
+            ["storage", "cp", "-"], ["storage", "cat"], ["storage", "rm"]]
+
+
+def without_polls(calls):
+    """The calls less the state checks made while a job runs (their number depends on time)."""
+    return [c for c in calls if "describe" not in c[2:4]]
 
 
 def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
@@ -369,11 +403,17 @@ def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
                   "--set", "train.steps=3", "--skip-fit-check", "--sync-logs-every=1")
     assert r.returncode == 0, r.stdout + r.stderr
     calls = cloud.calls()
-    assert calls[0] == describe("tpu-vm", "pod") and len(calls) == 2
-    assert calls[1][:-1] == ssh_call("pod", "")[:-1]
+    assert calls[0] == describe("tpu-vm", "pod")
+    checks, calls = calls[1:5], without_polls(calls[5:])
+    assert [c[:len(b)] for c, b in zip(checks, bucket_check("gs://bkt"))] == bucket_check(
+        "gs://bkt") and checks[1][3] == checks[2][2] == checks[3][2]
+    assert re.fullmatch(r"gs://bkt/runs/a/\.t5lite-probe-[0-9a-f]{8}", checks[1][3])
+    assert not list((cloud.dir / "gcs" / "bkt" / "runs" / "a").glob(".t5lite-probe-*"))
+    assert len(calls) == 1 and calls[0][:-1] == ssh_call("pod", "")[:-1]
+    calls = [None, *calls]
     assert re.fullmatch(re.escape(
         "bash ~/t5lite/launch/tpu_job.sh run --job-id JOB --logs-url gs://bkt/runs/a/worker_logs "
-        "--sync-every 1 -- ~/t5lite-venv/bin/python -m t5lite.cli train "
+        f"--sync-every 1 -- {PRESETS} ~/t5lite-venv/bin/python -m t5lite.cli train "
         "--config=configs/tiny_t5.py --workdir=gs://bkt/runs/a --set mesh.multihost=true "
         "--set train.steps=3").replace("JOB", JOB_ID), calls[1][-1])
     assert "t5lite-job: worker 0 exit 0" in r.stdout and "t5lite-job: worker 1 exit 0" in r.stdout
@@ -572,7 +612,8 @@ def test_tpu_supervise_restarts_after_preemption_and_a_lost_slice(tmp_path):
     actions = [c[2:4] if c[0] == "compute" else c[:2] for c in cloud.calls()
                if "describe" not in c]
     run = ["tpu-vm", "ssh"]
-    assert actions == [["queued-resources", "create"], ["tpu-vm", "scp"], run, run,  # setup, train
+    assert actions == [["storage", "cp"], ["storage", "cat"], ["storage", "rm"],  # bucket check
+                       ["queued-resources", "create"], ["tpu-vm", "scp"], run, run,  # setup, train
                        run, run,  # setup check, train (slice lost)
                        ["queued-resources", "delete"], ["queued-resources", "create"],
                        ["tpu-vm", "scp"], run, run], (actions, r.stdout, r.stderr)

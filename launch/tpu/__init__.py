@@ -5,7 +5,11 @@ Modules, lowest first (each imports only those above it):
   messages      LaunchError / CloudError, the notes on stderr, the "next command" lines
   layout        where the code and its venv live, here and on every worker
   slices        accelerator types: generation, size, hosts, default runtime
-  gcloud        the gcloud command runner (dry run, ssh / scp to the workers), ssh-agent check
+  retry         which cloud failures are worth another try; jittered exponential backoff
+  stopmark      the stop marker stop-job / delete leave for a running supervise
+  gcloud        the gcloud command runner (dry run, ssh / scp to the workers, bounded output,
+                a watch while a job runs), ssh-agent check
+  preflight     the workdir's bucket exists and is writable, before anything is rented
   vm            create / wait for / stop / start / delete / describe the TPU VM or queued resource
   worker_setup  ship the code and install Python + t5lite on every worker
   fit_check     `t5lite compile --json` for the slice here, before anything is rented or run

@@ -32,12 +32,17 @@ def common_parser() -> argparse.ArgumentParser:
                         help="a queued resource (create: default for pod slices; other verbs "
                              "find out by themselves)")
     common.add_argument("--internal-ip", action="store_true",
-                        help="ssh/scp to the workers' internal IPs (from inside the VPC); "
-                             "create makes them without external IPs (--internal-ips)")
+                        help="connect (ssh/scp) to the workers' internal IPs: from a machine "
+                             "inside the VPC; not with --tunnel-through-iap")
     common.add_argument("--tunnel-through-iap", action="store_true",
                         help="ssh/scp through Identity-Aware Proxy (VMs without external IPs, "
                              "from outside the VPC); runs `gcloud alpha` (gcloud components "
                              "install alpha)")
+    common.add_argument("--ssh-alive-interval", type=int, default=30, metavar="SECONDS",
+                        help="ssh keepalive (ServerAliveInterval): a silently dead host ends "
+                             "the connection after SECONDS x --ssh-alive-count (0: off)")
+    common.add_argument("--ssh-alive-count", type=int, default=4,
+                        help="unanswered keepalives before ssh gives up (ServerAliveCountMax)")
     common.add_argument("--dry-run", action="store_true",
                         help="print the gcloud commands, one per line, and run nothing")
     return common
@@ -53,6 +58,10 @@ def add_create_options(sp) -> None:
                     help="queued only: best-effort quota; runs `gcloud alpha` (needs the alpha "
                          "component: gcloud components install alpha)")
     sp.add_argument("--reserved", action="store_true", help="use reserved capacity")
+    sp.add_argument("--no-external-ip", action="store_true",
+                    help="create the VMs without external IPs (gcloud --internal-ips). They "
+                         "then reach PyPI and other registries (setup) only through Cloud NAT "
+                         "on their subnet; connect with --internal-ip or --tunnel-through-iap")
     for flag, what in [("network", "VPC network"), ("subnetwork", "subnetwork"),
                        ("service-account", "service account email for the VMs"),
                        ("scopes", "access scopes, comma-separated"),
@@ -62,7 +71,8 @@ def add_create_options(sp) -> None:
                     help="queued: seconds to wait for ACTIVE (0 = no limit; create: "
                          "3600, supervise: no limit)")
     sp.add_argument("--poll-seconds", type=float, default=30,
-                    help="queued: seconds between state checks")
+                    help="seconds between state checks (queued resource; slice while a "
+                         "job runs)")
 
 
 def add_setup_options(sp) -> None:
@@ -79,7 +89,11 @@ def add_train_options(sp) -> None:
                                                      "worker logs go to WORKDIR/worker_logs/")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
     sp.add_argument("--env", action="append", metavar="NAME=VALUE",
-                    help="environment variable for the training processes (repeatable)")
+                    help="environment variable for the training processes (repeatable). "
+                         "Values are never printed, logged or put on a command line: they "
+                         "reach the workers in a file readable only by you (names are shown)")
+    sp.add_argument("--skip-bucket-check", action="store_true",
+                    help="do not check first that the workdir's bucket exists and is writable")
     sp.add_argument("--skip-fit-check", action="store_true",
                     help="start without compiling the step for the slice here first")
     sp.add_argument("--sync-logs-every", type=int, default=60,
@@ -99,15 +113,23 @@ def add_run_verbs(sub, common) -> None:
     add_train_options(sp)
     sp.add_argument("--detach", action="store_true",
                     help="start training and return; follow it with `logs`")
+    sp.add_argument("--poll-seconds", type=float, default=30,
+                    help="seconds between checks that the slice is still READY while the "
+                         "job runs")
     sp = sub.add_parser("supervise", parents=[common], help="create/setup/train, and again "
                         "after each preemption, until the run's last step")
     add_create_options(sp)
     add_setup_options(sp)
     add_train_options(sp)
     sp.set_defaults(wait_timeout=0)  # spot capacity can take hours to come back
-    sp.add_argument("--max-restarts", type=int, default=20)
+    sp.add_argument("--max-restarts", type=int, default=20,
+                    help="job restarts (after preemptions, lost slices) before giving up")
+    sp.add_argument("--retries", type=int, default=10,
+                    help="tries of a failing create / setup / copy / ssh before giving up "
+                         "(a permanent error: bad flag, quota, permission: 3)")
     sp.add_argument("--backoff", type=float, default=60,
-                    help="seconds before the first restart, doubled each time")
+                    help="seconds before the first retry or restart, doubled each time, "
+                         "jittered")
     sp.add_argument("--max-backoff", type=float, default=1800)
 
 
@@ -156,9 +178,27 @@ VERBS = {"create": lambda c, a: create(c, a) or 0, "setup": lambda c, a: setup(c
          "stop": stop_ambiguous}
 
 
+def check_routes(args) -> None:
+    """Refuse, before anything is rented, what gcloud or the network would refuse later."""
+    if args.internal_ip and args.tunnel_through_iap:
+        raise LaunchError("--internal-ip and --tunnel-through-iap exclude each other (gcloud "
+                          "refuses both): --internal-ip from a machine inside the VPC, "
+                          "--tunnel-through-iap from outside it.")
+    if getattr(args, "no_external_ip", False) and not (
+            args.internal_ip or args.tunnel_through_iap):
+        fix = ("add --internal-ip (this machine is in the VPC) or --tunnel-through-iap "
+               "(from outside it)")
+        if args.subcommand == "supervise":
+            raise LaunchError(f"--no-external-ip: VMs without external IPs cannot be reached "
+                              f"over their external IP: {fix}.")
+        note(f"--no-external-ip: later verbs need --internal-ip or --tunnel-through-iap; the "
+             "VMs reach registries (setup) only through Cloud NAT")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        check_routes(args)
         if args.accelerator_type:
             st = parse_accelerator_type(args.accelerator_type)
             note(f"{st.accelerator_type}: {st.hosts} host(s); every host runs the same command")

@@ -4,13 +4,17 @@ them (or prints them in a dry run), and reads `describe`. Also the ssh-agent che
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+from typing import Callable
 
 from .messages import CloudError, LaunchError
 from .slices import parse_accelerator_type
@@ -25,6 +29,11 @@ class Node:
     workers: int
 
 
+TAIL_LINES = 40  # what is kept of a command's output for the error message (and its kind)
+MARK_LINES = 10_000  # the launcher's own report lines kept from a stream (a few per worker)
+MARKS = ("t5lite-job: ", "t5lite-setup: ")
+
+
 def _not_installed(cmd: list[str]) -> LaunchError:
     return LaunchError(f"{cmd[0]!r} not found; install the Google Cloud CLI "
                        "(https://cloud.google.com/sdk) or use --dry-run.")
@@ -35,6 +44,8 @@ class Cloud:
 
     def __init__(self, args):
         self.args, self.name, self.dry = args, args.name, args.dry_run
+        self.last_error = ""  # the last command's stderr tail
+        self.ended_by = ""  # why stream() ended its command ('' when it ended by itself)
 
     def where(self) -> list[str]:
         """--zone / --project (omitted = gcloud's configured default)."""
@@ -42,10 +53,16 @@ class Cloud:
         return ([f"--zone={a.zone}"] if a.zone else []) + (
             [f"--project={a.project}"] if a.project else [])
 
-    def conn(self) -> list[str]:
-        """How ssh/scp reach the workers (internal IPs, IAP)."""
+    def conn(self, tool: str = "") -> list[str]:
+        """How ssh/scp reach the workers (internal IPs, IAP); with `tool` ("ssh" / "scp") also
+        its keepalive: without one, a host that dies silently (no FIN, no RST) leaves the
+        connection, and the launcher waiting on it, open for hours."""
         a = self.args
-        return ["--internal-ip"] * a.internal_ip + ["--tunnel-through-iap"] * a.tunnel_through_iap
+        route = ["--internal-ip"] * a.internal_ip + ["--tunnel-through-iap"] * a.tunnel_through_iap
+        if not tool or not a.ssh_alive_interval:
+            return route
+        return route + [f"--{tool}-flag=-oServerAliveInterval={a.ssh_alive_interval}",
+                        f"--{tool}-flag=-oServerAliveCountMax={a.ssh_alive_count}"]
 
     def tpu(self, *words) -> list[str]:
         return ["gcloud", "compute", "tpus", *words]
@@ -57,47 +74,77 @@ class Cloud:
 
     def ssh_cmd(self, remote: str, worker="all") -> list[str]:
         return (self.tpu_conn("tpu-vm", "ssh", self.name, f"--worker={worker}") + self.where()
-                + self.conn() + ["--command", remote])
+                + self.conn("ssh") + ["--command", remote])
+
+    def scp_cmd(self, src: str, dst: str) -> list[str]:
+        """Copy a local file to `dst` (relative to the home directory) on every worker."""
+        return (self.tpu_conn("tpu-vm", "scp", src, f"{self.name}:{dst}", "--worker=all")
+                + self.where() + self.conn("scp"))
 
     def run(self, cmd: list[str]) -> int:
+        """Run with stdout passed through and stderr echoed as it comes; gcloud's last stderr
+        lines stay in self.last_error (for the error message and whether to retry)."""
         if self.dry:
             print(shlex.join(cmd), flush=True)
             return 0
         print(f"+ {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        try:
-            return subprocess.call(cmd)
-        except FileNotFoundError:
-            raise _not_installed(cmd) from None
+        tail = collections.deque(maxlen=TAIL_LINES)
+        p = self._popen(cmd, stderr=subprocess.PIPE)
+        reader = threading.Thread(target=_echo, args=(p.stderr, sys.stderr, tail), daemon=True)
+        reader.start()
+        rc = _wait(p)
+        reader.join()
+        self.last_error = "\n".join(tail)
+        return rc
 
     def check(self, cmd: list[str], what: str) -> None:
         rc = self.run(cmd)
         if rc != 0:
-            raise CloudError(f"{what} failed (exit {rc}); gcloud's message is above.")
+            raise CloudError(f"{what} failed (exit {rc}): {last_lines(self.last_error)}")
 
-    def query(self, cmd: list[str]) -> tuple[int, str, str]:
+    def query(self, cmd: list[str], stdin: str | None = None) -> tuple[int, str, str]:
         assert not self.dry, cmd
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True)
+            r = subprocess.run(cmd, capture_output=True, text=True, input=stdin)
         except FileNotFoundError:
             raise _not_installed(cmd) from None
         return r.returncode, r.stdout, r.stderr
 
-    def stream(self, cmd: list[str]) -> tuple[int, list[str]]:
-        """Run, echo its output as it comes, and return (exit code, output lines)."""
+    def stream(self, cmd: list[str], watch: Callable[[], str] | None = None,
+               every: float = 30) -> tuple[int, list[str]]:
+        """Run, echo its output as it comes, and return (exit code, the launcher's report lines:
+        `t5lite-job: ...` / `t5lite-setup: ...`). Memory stays bounded however long the job
+        runs: only those lines and a short tail (self.last_error) are kept. `watch` is called
+        every `every` seconds while it runs; when it returns a reason the command is ended
+        (self.ended_by says why) instead of waiting on a connection to a host that is gone."""
+        self.ended_by = ""
         if self.dry:
             return self.run(cmd), []
         print(f"+ {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        lines = []
+        marks = collections.deque(maxlen=MARK_LINES)
+        tail = collections.deque(maxlen=TAIL_LINES)
+        p = self._popen(cmd, stderr=subprocess.STDOUT)
+        reader = threading.Thread(target=_echo, args=(p.stdout, sys.stdout, tail, marks),
+                                  daemon=True)
+        reader.start()
+        rc = None
+        while rc is None:
+            rc = _wait(p, timeout=every if watch else None)
+            if rc is None:
+                self.ended_by = watch()
+                if self.ended_by:
+                    rc = _end(p)
+        reader.join()
+        self.last_error = "\n".join(tail)
+        return rc, list(marks)
+
+    def _popen(self, cmd: list[str], stderr) -> subprocess.Popen:
         try:
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, bufsize=1)
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE if stderr is subprocess.STDOUT
+                                    else None, stderr=stderr, text=True, bufsize=1,
+                                    errors="replace", start_new_session=not _interactive())
         except FileNotFoundError:
             raise _not_installed(cmd) from None
-        for line in p.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            lines.append(line.rstrip("\n"))
-        return p.wait(), lines
 
     def _describe(self, kind: str) -> dict | None:
         rc, out, err = self.query(self.tpu(kind, "describe", self.name) + self.where()
@@ -120,6 +167,73 @@ class Cloud:
         if not workers and acc:
             workers = parse_accelerator_type(acc).hosts
         return Node(d.get("state", "UNKNOWN"), acc, max(workers, 1))
+
+
+def _interactive() -> bool:
+    """At a terminal ssh may ask for a passphrase on it, which needs the launcher's session;
+    elsewhere gcloud gets a session of its own, so that ending it ends its ssh children too."""
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def last_lines(text: str, n: int = 3) -> str:
+    """gcloud's last few non-empty stderr lines, on one line (for a one-line error)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " | ".join(lines[-n:]) or "no message"
+
+
+def _echo(src, dst, tail, marks=None) -> None:
+    for line in src:
+        dst.write(line)
+        dst.flush()
+        line = line.rstrip("\n")
+        tail.append(line)
+        if marks is not None and any(m in line for m in MARKS):
+            marks.append(line)
+
+
+def _wait(p: subprocess.Popen, timeout: float | None = None) -> int | None:
+    """p's exit code; None after `timeout`. Ctrl-C ends p (and its ssh children) first."""
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    except KeyboardInterrupt:
+        _end(p)
+        raise
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        return []
+    children = [int(c) for c in out.split()]
+    return children + [d for c in children for d in _descendants(c)]
+
+
+def _end(p: subprocess.Popen) -> int:
+    """End p and its children (gcloud's ssh processes): SIGTERM, then SIGKILL after 10 s."""
+    try:
+        own_group = os.getpgid(p.pid) == p.pid
+    except ProcessLookupError:
+        own_group = False
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+        try:
+            if own_group:
+                os.killpg(p.pid, sig)
+            else:
+                for pid in [*_descendants(p.pid), p.pid]:
+                    os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+    return p.wait()
 
 
 def qr_state(qr: dict) -> tuple[str, str]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 
-from .gcloud import Cloud, Node, check_ssh_agent, qr_state
+from .gcloud import Cloud, Node, check_ssh_agent, last_lines, qr_state
 from .layout import JOB, REMOTE_DIR
 from .messages import CloudError, LaunchError, note, verb_line, where_text
 from .slices import SliceType, parse_accelerator_type
+from .stopmark import mark_stopped
 
 ALPHA_HINT = ("--best-effort runs `gcloud alpha`, which needs gcloud's alpha component: "
               "`gcloud components install alpha` (or the google-cloud-cli-alpha package).")
@@ -58,6 +59,24 @@ def require_node(cloud: Cloud, args) -> Node:
     return node
 
 
+def node_lost(cloud: Cloud) -> str:
+    """Why the TPU VM can no longer run a job ('' while it is READY, or when gcloud could not
+    say: a failed describe is no evidence that the slice is gone)."""
+    try:
+        node = cloud.node()
+    except CloudError:
+        return ""
+    if node is None:
+        return "the TPU VM is gone"
+    return "" if node.state == "READY" else f"the TPU VM is {node.state}"
+
+
+def use_queued(args, st: SliceType) -> bool:
+    """Pod slices and Spot VMs are queued resources unless --no-queued: a queued resource
+    waits for capacity, where a plain create fails at once when the zone has none."""
+    return (st.hosts > 1 or args.spot) if args.queued is None else args.queued
+
+
 def wait_active(cloud: Cloud, args) -> None:
     """Poll the queued resource until ACTIVE (its TPU VMs exist), with a progress line."""
     if cloud.dry:
@@ -93,7 +112,7 @@ def create_command(cloud: Cloud, args, st: SliceType, queued: bool) -> list[str]
     opts = [f"--{k.replace('_', '-')}={getattr(args, k)}"
             for k in ("network", "subnetwork", "service_account", "scopes", "metadata")
             if getattr(args, k)]
-    opts += ["--internal-ips"] * args.internal_ip
+    opts += ["--internal-ips"] * args.no_external_ip
     opts += ["--spot"] * args.spot + ["--reserved"] * args.reserved
     if queued:
         gcloud = ["gcloud", "alpha"] if args.best_effort else ["gcloud"]
@@ -109,10 +128,11 @@ def create(cloud: Cloud, args) -> None:
     if not args.accelerator_type:
         raise LaunchError("create needs --accelerator-type (e.g. v4-8, v5p-32, v5litepod-16).")
     st = parse_accelerator_type(args.accelerator_type)
-    queued = st.hosts > 1 if args.queued is None else args.queued
+    queued = use_queued(args, st)
     if args.queued is None and queued:
-        note(f"{st.accelerator_type} is a pod slice ({st.hosts} hosts): creating a queued "
-             "resource, which waits for capacity (--no-queued for a plain create)")
+        what = f"a pod slice ({st.hosts} hosts)" if st.hosts > 1 else "Spot"
+        note(f"{st.accelerator_type} is {what}: creating a queued resource, which waits for "
+             "capacity (--no-queued for a plain create)")
     if args.best_effort and not queued:
         raise LaunchError("--best-effort exists only for queued resources; add --queued.")
     if args.best_effort:
@@ -126,7 +146,7 @@ def create(cloud: Cloud, args) -> None:
             wait_active(cloud, args)  # raises with gcloud's reason
         note(f"{args.name} exists already ({state}): not creating it again")
     elif cloud.run(create_command(cloud, args, st, queued)) != 0:
-        raise CloudError(f"creating {args.name} failed; gcloud's message is above."
+        raise CloudError(f"creating {args.name} failed: {last_lines(cloud.last_error)}"
                          + (" " + ALPHA_HINT if args.best_effort else ""))
     if queued:
         wait_active(cloud, args)
@@ -138,6 +158,8 @@ def stop_vm(cloud: Cloud, args) -> int:
     if resolve_kind(cloud, args) == "queued":
         raise LaunchError(f"{args.name} is a queued resource, whose TPU can only be deleted, not "
                           f"stopped: {verb_line(args, 'delete')}")
+    if not cloud.dry:
+        mark_stopped(args, "stop-vm")
     graceful_stop(cloud, args)
     cloud.check(cloud.tpu("tpu-vm", "stop", args.name) + cloud.where(), "stopping the TPU VM")
     if not cloud.dry:
@@ -181,6 +203,8 @@ def delete_resource(cloud: Cloud, args, kind: str) -> None:
 
 def delete(cloud: Cloud, args) -> int:
     kind = resolve_kind(cloud, args)
+    if not cloud.dry:  # first: a supervise of this TPU must not recreate it
+        mark_stopped(args, "delete")
     graceful_stop(cloud, args)
     delete_resource(cloud, args, kind)
     if not cloud.dry:
