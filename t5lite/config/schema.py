@@ -295,6 +295,9 @@ class CheckpointConfig(Section):
     # Start from these params (partial restore, e.g. finetuning from a pretrained run):
     init_from: str = ""
     init_step: int = setting(-1, bounds=(-1, None), meaning=" (-1 = latest)")
+    # also continue init_from's step count and optimizer state, as T5's finetuning did
+    # (train.steps then counts the pretraining steps too); needs a training workdir
+    init_state: bool = False
     # gs:// workdirs: WORKDIR/.lock of a run that has not refreshed it for this long is
     # taken over (its heartbeat is every lease / 6); local disks use flock instead
     lock_lease_seconds: float = setting(180.0, bounds=(10.0, None))

@@ -17,6 +17,11 @@ finished scores are log p / lp(len) with the GNMT / T5 penalty lp = ((5 + len) /
 (alpha = 0: plain log-likelihood, which is HF's ``length_penalty=0``). The search stops early
 once no live beam can beat the worst kept hypothesis of every example.
 
+Ensembles (the T5 paper's Table 13): ``ensemble(params_list)`` stacks several models of one
+architecture on a leading member axis; every prefill and step then runs each member (vmap) and
+feeds the search the mean of their logits, so the members share one token history. Greedy,
+sampling and self-consistency; not beam search (its cache reordering assumes one model).
+
 Self-consistency (Wang et al. 2022): every input row is repeated N = decode.num_samples times
 and sampled as method="sample" does (same temperature / top-k / top-p, same key: N = 1 gives
 exactly the plain sample). On the host each sample is mapped to its final answer by
@@ -28,7 +33,9 @@ the highest summed log-likelihood; the returned tokens are that answer's best-sc
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,6 +107,58 @@ class _Stepper:
         """The same stepper for a batch with every row repeated n times (beams)."""
         rep = lambda x: None if x is None else jnp.repeat(x, n, axis=0)  # noqa: E731
         return _Stepper(self.model, self.params, rep(self.encoded), rep(self.encoder_tokens))
+
+
+@flax.struct.dataclass
+class Ensemble:
+    """Several models' params of one architecture stacked on a leading member axis (M):
+    decoding and scoring use the mean of the members' logits."""
+
+    params_M: Any
+
+    @property
+    def size(self) -> int:
+        return jax.tree.leaves(self.params_M)[0].shape[0]
+
+
+def ensemble(params_list) -> Ensemble:
+    """Stack the params of models with one architecture (equal trees and shapes)."""
+    params_list = list(params_list)
+    shapes = [jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), p) for p in params_list]
+    if not params_list or any(s != shapes[0] for s in shapes):
+        raise UserError("an ensemble needs one or more models of the same architecture and "
+                        "sizes (equal parameter trees); check the members' model.* configs.")
+    return Ensemble(jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]),
+                                 *params_list))
+
+
+class _EnsembleStepper:
+    """_Stepper over an Ensemble: each member steps its own cache (stacked on axis 0); the
+    search sees the mean of their logits."""
+
+    def __init__(self, model, params_M, encoded_M, encoder_tokens):
+        self.model, self.params_M, self.encoded_M = model, params_M, encoded_M
+        self.encoder_tokens = encoder_tokens
+
+    def __call__(self, cache_M, tokens_BT, positions_BT, segments_BT, bidirectional_BT=None):
+        def member(params, encoded, cache):
+            stepper = _Stepper(self.model, params, encoded, self.encoder_tokens)
+            return stepper(cache, tokens_BT, positions_BT, segments_BT, bidirectional_BT)
+        logits_MBTV, cache_M = jax.vmap(member)(self.params_M, self.encoded_M, cache_M)
+        return jnp.mean(logits_MBTV.astype(jnp.float32), axis=0), cache_M
+
+
+def _prefill_ensemble(model, ens: Ensemble, encoder_input_tokens, prompt_BP, lengths_B,
+                      cache_length):
+    """_prefill for every member; -> (stepper, stacked caches, mean logits_BV)."""
+    def member(params):
+        stepper, cache, logits_BV = _prefill(model, params, encoder_input_tokens, prompt_BP,
+                                             lengths_B, cache_length)
+        return stepper.encoded, cache, logits_BV
+    encoded_M, cache_M, logits_MBV = jax.vmap(member)(ens.params_M)
+    stepper = _EnsembleStepper(model, ens.params_M, encoded_M,
+                               encoder_input_tokens if encoded_M is not None else None)
+    return stepper, cache_M, jnp.mean(logits_MBV.astype(jnp.float32), axis=0)
 
 
 def _prefill(model, params, encoder_input_tokens, prompt_BP, lengths_B, cache_length):
@@ -293,8 +352,11 @@ def generate_program(model, beams, samples, n, params, inputs_BS, lengths_B, key
         encoder_tokens = inputs_BS
     else:
         prompt_BP, encoder_tokens = inputs_BS, None
-    stepper, cache, logits_BV = _prefill(model, params, encoder_tokens, prompt_BP,
-                                         lengths_B.astype(jnp.int32), prompt_BP.shape[1] + n)
+    prefill = _prefill_ensemble if isinstance(params, Ensemble) else _prefill
+    if beams and isinstance(params, Ensemble):
+        raise UserError("an ensemble decodes greedily or by sampling; set decode.method=greedy")
+    stepper, cache, logits_BV = prefill(model, params, encoder_tokens, prompt_BP,
+                                        lengths_B.astype(jnp.int32), prompt_BP.shape[1] + n)
     if beams:
         tokens_BL, score_B, beams_BNL, beam_scores_BN = _beam_loop(
             n, beams, knobs["alpha"], stepper, cache, logits_BV, lengths_B, eos_id)
@@ -373,9 +435,17 @@ def generate(model, params, dcfg, inputs_BS, lengths_B=None, eos_id: int = 1, ke
 def make_score_fn(model):
     """-> jit fn(params, batch) -> [B] sum of log p(target token) over decoder_loss_weights
     (teacher forcing: the log-likelihood of given targets, for score / rank evaluation)."""
+    def logits(params, batch):
+        return model.apply({"params": params}, batch,
+                           deterministic=True)["logits"].astype(jnp.float32)
+
     def score(params, batch):
-        logits_BLV = model.apply({"params": params}, batch, deterministic=True)["logits"]
-        logp_BLV = jax.nn.log_softmax(logits_BLV.astype(jnp.float32))
+        if isinstance(params, Ensemble):  # the members' mean logits, as in decoding
+            logits_BLV = jnp.mean(jax.vmap(logits, in_axes=(0, None))(params.params_M, batch),
+                                  axis=0)
+        else:
+            logits_BLV = logits(params, batch)
+        logp_BLV = jax.nn.log_softmax(logits_BLV)
         tgt_BL = batch["decoder_target_tokens"]
         ll_BL = jnp.take_along_axis(logp_BLV, tgt_BL[..., None], axis=-1)[..., 0]
         weights_BL = batch.get("decoder_loss_weights", (tgt_BL != 0).astype(jnp.int32))

@@ -365,6 +365,42 @@ def load_params(path: str, abstract_params=None, step: int = -1):
     raise UserError(f"no readable params under {path}: {last_err}")
 
 
+def load_opt_state(path: str, abstract_opt, step: int = -1):
+    """The step and optimizer state of a training workdir's checkpoint (its latest readable
+    step, or `step`), restored onto ``abstract_opt`` ({"step", "opt_state"} ShapeDtypeStructs
+    with shardings): -> (step, {"step", "opt_state"}), or (step, None) when the saved optimizer
+    state has another layout than ``abstract_opt`` (another optimizer, a PEFT mask)."""
+    cands, _ = _find_params_dir(path, step)
+    opt_dirs = [os.path.join(os.path.dirname(c), "opt") for c in cands]
+    if not epath.Path(opt_dirs[0]).is_dir():
+        raise UserError(f"checkpoint.init_state: {path} holds no optimizer state (a params-only "
+                        "dir); point checkpoint.init_from at the pretraining workdir")
+    with ocp.StandardCheckpointer() as ckptr, progress.quiet_failed_reads() as reads:
+        for opt_dir in opt_dirs:
+            saved_step = int(os.path.basename(os.path.dirname(opt_dir)))
+            try:
+                saved = ckptr.metadata(opt_dir).item_metadata.tree
+            except Exception:  # noqa: BLE001 - unreadable: try the previous step
+                reads.failed = True
+                continue
+            if _leaf_shapes(saved) != _leaf_shapes(abstract_opt):
+                return saved_step, None
+            try:
+                return saved_step, ckptr.restore(opt_dir, abstract_opt)
+            except Exception as e:  # noqa: BLE001
+                reads.failed = True
+                log.warning("optimizer state at %s unreadable (%s); trying the previous step",
+                            opt_dir, f"{type(e).__name__}")
+    raise UserError(f"no readable optimizer state under {path}")
+
+
+def _leaf_shapes(tree) -> list:
+    """The (shape, dtype) of every leaf, sorted: a layout check that ignores container types
+    (orbax's metadata tree holds dicts where the optimizer state has named tuples)."""
+    return sorted(((tuple(x.shape), str(np.dtype(x.dtype))) for x in jax.tree.leaves(tree)),
+                  key=str)
+
+
 def merge_params(target, source, announce=print):
     """Partial restore for finetuning: take every source param whose path and shape match the
     target; keep the target's fresh init for the rest (e.g. a new classification head); ignore

@@ -75,14 +75,16 @@ def run_loop(run: TrainRun, state, start: int) -> dict:
 
 
 def _initial_state(run: TrainRun, state, start: int):
-    """The restored state as is; else a fresh one, its params merged with init_from's."""
+    """-> (state, first step): the restored state as is; else a fresh one, its params merged
+    with init_from's (and with checkpoint.init_state, its step and optimizer state too)."""
     cfg, logger, ckpt = run.cfg, run.logger, run.ckpt
     if state is not None:
         unrestored = " (data iterator position not restored: not tf.data)"
         logger.info(f"resumed from {ckpt.dir}/{start}" + ("" if run.tf_iter else unrestored))
-        return state
+        return state, start
     if not cfg.checkpoint.init_from:
-        return create_train_state(cfg, run.model, run.mesh, run.tx, shardings=run.shardings)[0]
+        return create_train_state(cfg, run.model, run.mesh, run.tx,
+                                  shardings=run.shardings)[0], start
     fresh = init_params(cfg, run.model, run.mesh, run.shardings.params)
     with progress.quiet_absl():  # orbax's read-only notes
         _, src = checkpointing.load_params(cfg.checkpoint.init_from, step=cfg.checkpoint.init_step)
@@ -90,7 +92,30 @@ def _initial_state(run: TrainRun, state, start: int):
     state, _ = create_train_state(cfg, run.model, run.mesh, run.tx, params=params,
                                   shardings=run.shardings)
     logger.info(f"initialised params from {cfg.checkpoint.init_from}")
-    return state
+    if cfg.checkpoint.init_state:
+        return _continued_state(run, state)
+    return state, start
+
+
+def _continued_state(run: TrainRun, state):
+    """T5's finetuning: continue the pretraining run's step count and, where its layout is
+    this run's, its optimizer state (Adafactor's second-moment decay depends on the step)."""
+    cfg, logger = run.cfg, run.logger
+    abstract = {"step": run.abstract.step, "opt_state": run.abstract.opt_state}
+    with progress.quiet_absl():
+        step, saved = checkpointing.load_opt_state(cfg.checkpoint.init_from, abstract,
+                                                   step=cfg.checkpoint.init_step)
+    if step >= cfg.train.steps:
+        raise UserError(f"train.steps ({cfg.train.steps}) must exceed the step of "
+                        f"{cfg.checkpoint.init_from} ({step}): with checkpoint.init_state it "
+                        "counts the pretraining steps too (pretraining + finetuning steps).")
+    if saved is None:
+        logger.info(f"continuing at step {step}; optimizer state starts fresh (its layout "
+                    "differs from the pretraining run's)")
+        return state.replace(step=jax.device_put(jax.numpy.int32(step), run.shardings.step)), step
+    logger.info(f"continuing at step {step} with the optimizer state of "
+                f"{cfg.checkpoint.init_from}")
+    return state.replace(step=saved["step"], opt_state=saved["opt_state"]), step
 
 
 def _task_evaluator(run: TrainRun):
@@ -119,11 +144,11 @@ class _Loop:
 
     def __init__(self, run: TrainRun, state, start: int):
         cfg, logger = run.cfg, run.logger
+        self.state, start = _initial_state(run, state, start)
         self.run_parts, self.start, self.total = run, start, cfg.train.steps
         self.watch = goodput.RunClock(run.ckpt.workdir, start, enabled=logger.enabled,
                                       started=run.started)
         self.profiler = profiler.Profiler(cfg.train.profile_steps, run.ckpt.workdir, logger.info)
-        self.state = _initial_state(run, state, start)
         logger.info(peft.describe(cfg.model, self.state.params))
         self.train_step = make_train_step(cfg, run.model, run.tx, run.mesh, run.shardings,
                                           trainable=run.trainable)
