@@ -1,6 +1,7 @@
 """The T5 paper's objectives: statistics, sentinels, exact reconstruction, determinism."""
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import seqio
 import tensorflow as tf
 
 from t5lite.tasks import objectives
+from t5lite.tasks.objectives import t5 as t5_objectives
 
 VOCAB_SIZE = 1000  # sentinels are 999, 998, ...; ordinary tokens below 900
 
@@ -97,12 +99,54 @@ def test_span_corruption_statistics_and_reconstruction(density, span):
     assert abs(noise / spans - span) <= 0.05 * span
 
 
-def test_random_spans_noise_mask_exact_counts():
-    for length in (2, 7, 100, 568):
-        mask = objectives.random_spans_noise_mask(
-            length, 0.15, [tf.constant([1, 2]), tf.constant([3, 4])], 3.0).numpy()
-        num_noise = min(max(int(round(length * 0.15)), 1), length - 1)
-        assert mask.sum() == num_noise and not mask[0]
+def _t5_random_spans_noise_mask(length, noise_density, seeds, mean_noise_span_length):
+    """The reference: T5's random_spans_noise_mask (t5/data/preprocessors.py in t5 0.9.4,
+    random_roll=False) transcribed op for op, float32 counts and segment_sum included. t5 is
+    not installable here (mesh-tensorflow, gin) and seqio 0.0.20 has no noise masks."""
+    if noise_density == 0.0:
+        return tf.zeros(length, tf.bool)
+    orig_length, length = length, tf.maximum(length, 2)
+    num_noise = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
+    num_noise = tf.minimum(tf.maximum(num_noise, 1), length - 1)
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length),
+                        tf.int32)
+    num_spans = tf.maximum(num_spans, 1)
+
+    def segmentation(num_items, num_segments, seed):
+        first = tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32)
+        segment_id = tf.cumsum(tf.pad(seqio.stateless_shuffle(first, seed), [[1, 0]]))
+        return tf.math.segment_sum(tf.ones_like(segment_id), segment_id)
+
+    noise = segmentation(num_noise, num_spans, seeds[0])
+    nonnoise = segmentation(length - num_noise, num_spans, seeds[1])
+    interleaved = tf.reshape(tf.stack([nonnoise, noise], axis=1), [num_spans * 2])
+    starts = tf.cumsum(interleaved)[:-1]
+    indicator = tf.math.unsorted_segment_sum(tf.ones_like(starts), starts, length)
+    return tf.equal(tf.cumsum(indicator) % 2, 1)[:orig_length]
+
+
+def test_random_spans_noise_mask_is_t5s_bit_for_bit():
+    """Same (length, density, mean span, seeds) -> the same mask bits as T5, also where T5's
+    float32 count differs from float64's round(length * density) (190 at 0.15: 29, not 28)."""
+    flips = [(190, 0.15, 3.0), (350, 0.15, 3.0), (90, 0.35, 2.0), (170, 0.35, 5.0),
+             (95, 0.3, 3.0), (175, 0.3, 8.0)]
+    for length, density, _ in flips:
+        assert int(round(length * density)) + 1 == int(np.rint(np.float32(length) * density))
+    rng = np.random.RandomState(0)
+    # density <= 0.45 keeps non-noise tokens >= spans, where T5's segment_sum is defined
+    settings = flips + [(0, 0.15, 3.0), (1, 0.5, 2.0), (2, 0.15, 3.0), (40, 0.0, 3.0)] + [
+        (int(rng.randint(2, 700)), float(rng.choice([rng.uniform(0.01, 0.45), 0.1, 0.15, 0.25])),
+         float(rng.choice([rng.uniform(1.0, 12.0), rng.randint(1, 11)]))) for _ in range(110)]
+    for length, density, span in settings:
+        seeds = [tf.constant(rng.randint(-2**31, 2**31 - 1, size=2), tf.int32) for _ in range(2)]
+        ours = objectives.random_spans_noise_mask(length, density, seeds, span).numpy()
+        reference = _t5_random_spans_noise_mask(length, density, seeds, span).numpy()
+        assert ours.shape == (length,), (length, density, span)
+        np.testing.assert_array_equal(ours, reference, err_msg=str((length, density, span)))
+        if length >= 2 and density > 0:
+            assert (int(ours.sum()), _num_spans(ours)) == t5_objectives._mask_counts(
+                length, density, span), (length, density, span)
+    assert _counts(190, 0.15, 3.0) == (29, 10)
 
 
 def test_iid_noise_fraction():
@@ -212,32 +256,58 @@ def test_limit_tokens():
 # ----------------------------------------------------------------------------- paper fidelity
 
 
+def _num_spans(mask):
+    return int(mask[0]) + int(np.sum(mask[1:] & ~mask[:-1]))
+
+
 def _counts(length, density, span, seed=(1, 2)):
     """(noise tokens, noise spans) of a real random_spans_noise_mask."""
     mask = objectives.random_spans_noise_mask(
         length, density, [tf.constant(seed), tf.constant([seed[1], seed[0]])], span).numpy()
-    return int(mask.sum()), int(mask[0]) + int(np.sum(mask[1:] & ~mask[:-1]))
+    return int(mask.sum()), _num_spans(mask)
 
 
-def test_random_spans_helper_promise_is_exact_on_many_settings():
-    """T5's helper and mask rounded differently (float64 vs float32; the density-0.5 trim
-    without recounting), so seqio silently trimmed targets: e.g. inputs 172 at 0.15 / 3 gave a
-    190-token chunk whose mask made 29 noise tokens (float32 28.500002), 40 targets for 38."""
-    tokens, targets = objectives.random_spans_helper(172, 0.15, 3.0)
-    assert (tokens, targets) == (190, 38)
-    noise, spans = _counts(190, 0.15, 3.0)
-    assert (noise, spans) == (28, 9) and noise + spans + 1 == targets
+def test_random_spans_helper_is_t5s():
+    """T5's helper number for number: float64 counts without the mask's one-span clamp, and
+    at density 0.5 one off both lengths without recounting (compared with the chunk's inputs)."""
+    assert objectives.random_spans_helper(172, 0.15, 3.0) == (190, 38)  # the mask makes 40
+    assert objectives.random_spans_helper(16, 0.1, 5.0) == (17, 3)  # 0 spans; the mask has 1
+    assert objectives.random_spans_helper(19, 0.5, 3.0) == (26, 19)  # a recount would say 18
+    assert objectives.random_spans_helper(512, 0.5, 3.0) == (766, 512)  # 767 needs 513
+    assert objectives.random_spans_helper(512, 0.15, 10.0) == (591, 99)
+
+
+def test_span_trim_rate_counts_what_the_real_mask_makes():
+    """Where T5's helper promises fewer tokens than its mask makes, seqio trims real tokens off
+    every full chunk; span_surplus must be that surplus exactly and span_trim_rate its rate."""
+    assert t5_objectives.span_surplus(172, 0.15, 3.0) == (0, 2)
+    exs = _run(functools.partial(objectives.span_corruption, noise_density=0.15),
+               sequence_length={"inputs": 172, "targets": 38}, n=40)
+    full = [e for e in exs if len(_merge(e["inputs"], e["targets"])) == 190]
+    assert full and {(len(e["inputs"]) + 1, len(e["targets"]) + 1) for e in full} == {(172, 40)}
     rng = np.random.RandomState(0)
-    settings = [(int(rng.randint(8, 1200)), float(rng.choice([0.1, 0.15, 0.25, 0.5, 0.3, 0.05])),
-                 float(rng.choice([1.0, 2.0, 3.0, 5.0, 8.0, 10.0]))) for _ in range(300)]
-    settings += [(l, 0.5, s) for l in range(16, 40) for s in (2.0, 3.0, 5.0)]  # the trim
+    settings = [(172, 0.15, 3.0), (16, 0.1, 5.0)] + [(l, 0.5, s) for l in range(16, 40, 3)
+                                                      for s in (2.0, 3.0, 5.0)]
+    settings += [(int(rng.randint(8, 1200)), float(rng.choice([0.05, 0.1, 0.15, 0.3, 0.35, 0.5])),
+                  float(rng.choice([1.0, 2.0, 3.0, 5.0, 8.0, 10.0]))) for _ in range(50)]
+    nonzero = 0
     for inputs_length, density, span in settings:
         tokens, targets = objectives.random_spans_helper(inputs_length, density, span)
         noise, spans = _counts(tokens, density, span, seed=(inputs_length, 7))
-        assert tokens - noise + spans + 1 <= inputs_length, (inputs_length, density, span)
-        assert noise + spans + 1 == targets, (inputs_length, density, span)
-        if density == 0.5:
-            assert targets <= inputs_length
+        surplus = t5_objectives.span_surplus(inputs_length, density, span)
+        assert surplus == (tokens - noise + spans + 1 - inputs_length, noise + spans + 1 - targets)
+        nonzero += surplus != (0, 0)
+    assert nonzero >= 5
+    # the paper's densities and span lengths at inputs lengths 64, 128, ..., 1024: only 640 at
+    # 0.15 / 3 (a 710-token chunk: 107 noise tokens in float32, 106 in float64) trims
+    paper = itertools.product(range(64, 1025, 64), (0.1, 0.15, 0.25, 0.5), (2.0, 3.0, 5.0, 10.0))
+    assert t5_objectives.span_trim_rate(paper) == {
+        "settings": 256, "inputs_trimmed": 0.0, "targets_trimmed": 1 / 256,
+        "max_tokens_trimmed": 2}
+    assert t5_objectives.span_surplus(640, 0.15, 3.0) == (0, 2)
+    assert t5_objectives.span_trim_rate(
+        [(172, 0.15, 3.0), (512, 0.15, 3.0), (16, 0.1, 5.0), (19, 0.5, 3.0)]) == {
+        "settings": 4, "inputs_trimmed": 0.25, "targets_trimmed": 0.5, "max_tokens_trimmed": 2}
 
 
 def test_iid_sentinels_agree_when_the_first_token_is_corrupted():

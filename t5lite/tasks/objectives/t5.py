@@ -30,6 +30,7 @@ import logging
 import math
 from typing import Callable, Optional
 
+import numpy as np
 import seqio
 import tensorflow as tf
 
@@ -41,47 +42,76 @@ from t5lite.tasks.objectives.common import (
 # ----------------------------------------------------------------------------- lengths
 
 
-def _span_counts(tokens_length: int, noise_density: float, mean_noise_span_length: float):
-    """(noise tokens, non-noise tokens, noise spans) of a chunk, exactly as
-    random_spans_noise_mask computes them (both in float64 with round-half-to-even)."""
-    num_noise = int(round(tokens_length * noise_density))
-    num_noise = min(max(num_noise, 1), tokens_length - 1)
-    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
-    return num_noise, tokens_length - num_noise, num_spans
+def _mask_counts(tokens_length: int, noise_density: float, mean_noise_span_length: float):
+    """(noise tokens, noise spans) random_spans_noise_mask draws for a chunk of tokens_length:
+    T5's float32 arithmetic (numpy's float32 product, quotient and half-to-even rounding are
+    TF's), so a chunk's counts are known without building the mask."""
+    length = max(tokens_length, 2)
+    num_noise = int(np.rint(np.float32(length) * np.float32(noise_density)))
+    num_noise = min(max(num_noise, 1), length - 1)
+    num_spans = int(np.rint(np.float32(num_noise) / np.float32(mean_noise_span_length)))
+    return num_noise, max(num_spans, 1)
 
 
 def random_spans_helper(inputs_length: int = 512, noise_density: float = 0.15,
                         mean_noise_span_length: float = 3.0,
                         extra_tokens_per_span_inputs: int = 1,
                         extra_tokens_per_span_targets: int = 1) -> tuple[int, int]:
-    """(tokens_length, targets_length) for span corruption with ``inputs_length`` inputs.
+    """(tokens_length, targets_length) for span corruption with ``inputs_length`` inputs: T5's
+    helper (t5.data.preprocessors.random_spans_helper), number for number.
 
     tokens_length is the longest uncorrupted chunk whose corrupted inputs (kept tokens, one
     sentinel per span, EOS) still fit in inputs_length; targets_length is what its targets need
     (noise tokens, one sentinel per span, EOS). 512 at 0.15 / 3.0 gives (568, 114), the paper's
     setting.
 
-    Differs from T5's helper on purpose: T5 counts in float64 here but the mask counts in
-    float32 (e.g. 190 tokens at 0.15: 28.4999... -> 28 here, 28.500002 -> 29 in the mask), and
-    its density-0.5 trim takes one off both lengths without recounting; either way the targets
-    could come out longer than promised and seqio trimmed them silently. Here the mask uses the
-    same float64 count (``_span_counts``) and the trim recounts, so the promise is exact.
+    Kept as T5 wrote it, so the chunks (and with random_spans_noise_mask the examples) are
+    T5's: it counts in float64 and without the mask's clamps (at least one noise span), while
+    the mask counts in float32, and at density 0.5 it takes one off both lengths without
+    recounting.
+    So a full chunk can need a token or two more than promised (inputs 172 at 0.15 / 3: a
+    190-token chunk, float64 28.4999... -> 28 noise tokens here, float32 28.500002 -> 29 in the
+    mask, 40 targets for 38) and seqio's trim drops them; span_surplus says by how much for one
+    setting and span_trim_rate how often over a grid (measured in bench/RESULTS.md).
     """
     def lengths(tokens_length):
-        num_noise, num_nonnoise, num_spans = _span_counts(
-            tokens_length, noise_density, mean_noise_span_length)
-        return (num_nonnoise + num_spans * extra_tokens_per_span_inputs + 1,
+        num_noise = int(round(tokens_length * noise_density))
+        num_spans = int(round(num_noise / mean_noise_span_length))
+        return (tokens_length - num_noise + num_spans * extra_tokens_per_span_inputs + 1,
                 num_noise + num_spans * extra_tokens_per_span_targets + 1)
 
     tokens_length = inputs_length - 1
     while lengths(tokens_length + 1)[0] <= inputs_length:
         tokens_length += 1
-    # At density 0.5 the targets can come out one longer than the inputs; trim for symmetry
-    # (T5's choice), recounting the lengths of the shorter chunk.
-    while (noise_density == 0.5 and lengths(tokens_length)[1] > inputs_length
-           and tokens_length > 2):
+    chunk_inputs, targets_length = lengths(tokens_length)
+    # T5's "minor hack" for symmetry: compared with the chunk's inputs, not the requested length.
+    if noise_density == 0.5 and targets_length > chunk_inputs:
         tokens_length -= 1
-    return tokens_length, lengths(tokens_length)[1]
+        targets_length -= 1
+    return tokens_length, targets_length
+
+
+def span_surplus(inputs_length: int, noise_density: float = 0.15,
+                 mean_noise_span_length: float = 3.0) -> tuple[int, int]:
+    """(inputs, targets) tokens, EOS included, by which a full chunk's span-corrupted example
+    exceeds inputs_length and random_spans_helper's targets_length; > 0: seqio trims that many
+    real tokens off every full chunk (the counts do not depend on the seeds), < 0: padding."""
+    tokens_length, targets_length = random_spans_helper(
+        inputs_length, noise_density, mean_noise_span_length)
+    num_noise, num_spans = _mask_counts(tokens_length, noise_density, mean_noise_span_length)
+    return (tokens_length - num_noise + num_spans + 1 - inputs_length,
+            num_noise + num_spans + 1 - targets_length)
+
+
+def span_trim_rate(settings) -> dict:
+    """How often seqio trims span corruption's full chunks over ``settings``, an iterable of
+    (inputs_length, noise_density, mean_noise_span_length): the number of settings, the
+    fractions whose inputs / targets are trimmed, and the most tokens trimmed off either."""
+    surplus = np.array([span_surplus(*s) for s in settings], dtype=np.int64).reshape(-1, 2)
+    trimmed = surplus > 0
+    return {"settings": len(surplus), "inputs_trimmed": float(trimmed[:, 0].mean()),
+            "targets_trimmed": float(trimmed[:, 1].mean()),
+            "max_tokens_trimmed": int(max(surplus.max(), 0))}
 
 
 # ----------------------------------------------------------------------------- noise masks
@@ -98,16 +128,18 @@ def _random_segmentation(num_items, num_segments, seed):
 def random_spans_noise_mask(length, noise_density, seeds, mean_noise_span_length=3.0):
     """Bool [length] mask of noise spans; spans alternate non-noise / noise, non-noise first.
 
-    The number of noise tokens is round(length * noise_density) and the number of noise spans
-    round(num_noise / mean_noise_span_length), so both are exact per example (not just on
-    average). ``seeds``: two stateless seeds.
+    T5's mask bit for bit (same seeds, same bits): round(length * noise_density) noise tokens
+    in round(num_noise / mean_noise_span_length) spans, both exact per example and counted in
+    float32 as T5 does (_mask_counts), not the float64 of random_spans_helper. ``seeds``: two
+    stateless seeds.
     """
+    if noise_density == 0.0:
+        return tf.zeros([length], tf.bool)
     orig_length = length
     length = tf.maximum(length, 2)
-    # float64, as _span_counts / random_spans_helper (T5 used float32 here: see the helper)
-    num_noise = tf.cast(tf.round(tf.cast(length, tf.float64) * noise_density), tf.int32)
+    num_noise = tf.cast(tf.round(tf.cast(length, tf.float32) * noise_density), tf.int32)
     num_noise = tf.clip_by_value(num_noise, 1, length - 1)
-    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float64) / mean_noise_span_length),
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float32) / mean_noise_span_length),
                         tf.int32)
     num_spans = tf.maximum(num_spans, 1)
     noise_lengths = _random_segmentation(num_noise, num_spans, seeds[0])
@@ -243,7 +275,7 @@ def denoise(dataset, output_features, sequence_length=None, *, noise_density=0.1
                 tokens_length = inputs_length - 1
         dataset = concat_and_split(dataset, tokens_length)
         if mask_fn is random_spans_noise_mask and in_fn is noise_span_to_unique_sentinel:
-            spans = _span_counts(tokens_length, noise_density, mean_noise_span_length)[2]
+            spans = _mask_counts(tokens_length, noise_density, mean_noise_span_length)[1]
             if spans > (vocabulary.extra_ids or 0):
                 logging.warning("%d noise spans per example but %d sentinels: the extra "
                                 "sentinels overlap ordinary tokens (as in T5).", spans,
