@@ -21,6 +21,7 @@ from etils import epath
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
+from t5lite.store import gcs
 
 # ---------------------------------------------------------------------------- lock
 
@@ -40,9 +41,12 @@ class WorkdirLock:
     is older than its "lease_seconds" belongs to a dead run (a preempted slice: the workers of
     the recreated one have other host names) and is taken over; a fresh one is refused at
     once, and one that has missed beats (older than lease / 3) is waited on until it beats
-    (refused) or expires. Taking the lock is check-then-write (a window of one round trip
-    between two runs started together). A dead pid on this host is taken over at once.
-    use_flock=False runs the lease on a local path (tests; shared filesystems without flock).
+    (refused) or expires. Every write is conditional on the record it read (GCS generation
+    preconditions: create with ifGenerationMatch=0, beat / take over / delete with the
+    generation seen), so of runs started together exactly one wins, and a holder whose record
+    was replaced learns it at its next beat. A dead pid on this host is taken over at once.
+    use_flock=False runs the lease on a local path (tests; shared filesystems without flock):
+    there creating is atomic (link), a takeover or beat compares then renames.
     """
 
     def __init__(self, workdir: str, lease_seconds: float = DEFAULT_LEASE_SECONDS,
@@ -55,6 +59,7 @@ class WorkdirLock:
         self.took_over = None  # the stale holder's record, if any
         self.lost_to = None  # lease: the record of a run that took the lock from this one
         self.token = uuid.uuid4().hex
+        self.generation = None  # lease: the generation of the record this run last wrote
         self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._stop = threading.Event()
         self._thread = None
@@ -101,29 +106,35 @@ class WorkdirLock:
         self.fd = fd
 
     # ------------------------------------------------------------------ lease (gs://)
-    def _age(self, old) -> tuple[float, float]:
+    def _age(self, old, mtime=None) -> tuple[float, float]:
         """-> (seconds since the holder's last heartbeat, its lease). A record without one
-        (torn, or from an older t5lite) is dated by the file's modification time."""
+        (torn, or from an older t5lite) is dated by the object's modification time."""
         beat = (old or {}).get("heartbeat")
         if not isinstance(beat, (int, float)) or isinstance(beat, bool):
-            try:
-                beat = float(epath.Path(self.path).stat().mtime)
-            except (OSError, ValueError, AttributeError):
-                beat = time.time()
+            beat = time.time() if mtime is None else mtime
         lease = (old or {}).get("lease_seconds")
         if not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0:
             lease = self.lease
         return time.time() - beat, float(lease)
 
     def _acquire_lease(self) -> None:
-        path, old, announced = epath.Path(self.path), None, False
-        while path.exists():
-            old = _read_json(self.path) or {}
-            age, lease = self._age(old)
+        store, announced = _LeaseRecord(self.path), False
+        while True:
+            self.generation = store.write_if(self._record(), 0)  # create if absent
+            if self.generation is not None:
+                break
+            data, generation, mtime = store.read()
+            if generation is None:
+                continue  # released between our create and read: create again
+            old = _parse(data) or {}
+            age, lease = self._age(old, mtime)
             if age > lease or (old.get("host") == socket.gethostname()
                                and not _pid_alive(old.get("pid"))):
-                self.took_over = dict(old, heartbeat_age=round(age, 1))
-                break
+                self.generation = store.write_if(self._record(), generation)
+                if self.generation is not None:
+                    self.took_over = dict(old, heartbeat_age=round(age, 1))
+                    break
+                continue  # another run took it over first: judge its record
             # a live holder beats every lease / 6, so a record this fresh is one: refuse now
             if age <= lease / 3:
                 raise UserError(self._refusal(old, age=age, lease=lease))
@@ -135,24 +146,24 @@ class WorkdirLock:
                       f"{lease - age:.0f}s for it to expire", flush=True)
                 announced = True
             time.sleep(min(lease - age, lease / 6) + 0.05)
-        _write_record(self.path, self._record())
-        self._thread = threading.Thread(target=self._heartbeat, name="t5lite-lock-heartbeat",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._heartbeat, args=(store,),
+                                        name="t5lite-lock-heartbeat", daemon=True)
         self._thread.start()
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, store) -> None:
         while not self._stop.wait(self.lease / 6):
             try:
-                now = _read_json(self.path)
-                if now is not None and now.get("token") != self.token:
-                    # this run went silent for longer than its lease and another took over
-                    self.lost_to = now
-                    print(f"t5lite: warning: {self.workdir} was taken over by pid "
-                          f"{now.get('pid')} on host {now.get('host')} (this run's heartbeat "
-                          "lapsed); stop this run: two runs on one workdir damage it",
-                          file=sys.stderr, flush=True)
-                    return
-                _write_record(self.path, self._record())
+                generation = store.write_if(self._record(), self.generation)
+                if generation is not None:
+                    self.generation = generation
+                    continue
+                # this run went silent for longer than its lease and another took over
+                self.lost_to = _parse(store.read()[0]) or {}
+                print(f"t5lite: warning: {self.workdir} was taken over by pid "
+                      f"{self.lost_to.get('pid')} on host {self.lost_to.get('host')} (this "
+                      "run's heartbeat lapsed); stop this run: two runs on one workdir damage "
+                      "it", file=sys.stderr, flush=True)
+                return
             except Exception:  # noqa: BLE001 - a failed beat is retried at the next one
                 continue
 
@@ -188,9 +199,8 @@ class WorkdirLock:
             self._stop.set()
             self._thread.join(timeout=30)
             self._thread = None
-            try:
-                if (_read_json(self.path) or {}).get("token") == self.token:
-                    epath.Path(self.path).unlink(missing_ok=True)
+            try:  # only the record this run wrote: never a run that took over since
+                _LeaseRecord(self.path).delete_if(self.generation)
             except OSError:
                 pass
 
@@ -201,26 +211,78 @@ class WorkdirLock:
         self.release()
 
 
-def _write_record(path: str, text: str) -> None:
-    """gs:// objects appear whole; a local file is written to a temp file and renamed."""
-    if "://" in path:
-        epath.Path(path).write_text(text)
-        return
-    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: runs may race for the lock
+class _LeaseRecord:
+    """The lease's record with compare-and-swap writes: on gs:// the object's generation
+    (preconditions, atomic on the server); on a local path the file's inode and mtime
+    (create through link(2) is atomic, replace is compare-then-rename)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.remote = gcs.is_gcs(path)
+
+    def read(self):
+        """-> (bytes, generation, modification epoch seconds), or Nones when absent."""
+        if self.remote:
+            return gcs.read(self.path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None, None, None
+        try:
+            st = os.fstat(fd)
+            data = b""
+            while chunk := os.read(fd, 1 << 16):
+                data += chunk
+        finally:
+            os.close(fd)
+        return data, f"{st.st_ino}-{st.st_mtime_ns}", st.st_mtime
+
+    def write_if(self, text: str, generation):
+        """Write when the record's generation is `generation` (0: absent). -> the new
+        generation, or None when another writer changed it first."""
+        if self.remote:
+            return gcs.write_if(self.path, text.encode(), generation)
+        tmp = f"{self.path}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+            if generation == 0:
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    return None
+            else:
+                if self.read()[1] != generation:
+                    return None
+                os.replace(tmp, self.path)
+            return self.read()[1]
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def delete_if(self, generation) -> bool:
+        if generation is None:
+            return False
+        if self.remote:
+            return gcs.delete_if(self.path, generation)
+        if self.read()[1] != generation:
+            return False
+        os.unlink(self.path)
+        return True
+
+
+def _parse(data):
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        value = json.loads(data)
+        return value if isinstance(value, dict) else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _read_json(path: str):
     try:
-        data = json.loads(epath.Path(path).read_text())
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
+        return _parse(epath.Path(path).read_text())
+    except OSError:
         return None
 
 

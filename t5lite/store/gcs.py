@@ -1,0 +1,190 @@
+"""gs:// I/O: which library carries each access, and the object operations a filesystem API
+cannot express (conditional writes for the workdir lock, appends).
+
+Every gs:// byte of a run goes through a library that honours STORAGE_EMULATOR_HOST, so the
+whole path is testable against a GCS emulator (tests/gcs_emulator.py) and the one setting
+moves all of it:
+    epath (config.json, metrics, goodput, lock reads; orbax's own metadata)  -> gcsfs
+    orbax arrays                                                             -> tensorstore
+    TensorBoard events (tensorboardX), lock writes, appends                  -> google-cloud-storage
+TensorFlow's own GCS filesystem (tf.io.gfile, tf.train.Checkpoint) talks to a fixed endpoint
+and honours no emulator setting, so epath is told not to use it (EPATH_USE_TF=false) and the
+tf.data iterator state is written to a local folder and copied (`staged_upload`,
+`staged_download`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+import uuid
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+def emulator_url() -> str:
+    """The emulator's URL when STORAGE_EMULATOR_HOST names one, else ''."""
+    host = os.environ.get(EMULATOR_ENV, "")
+    if host in ("", "default"):
+        return ""
+    return host if host.startswith(("http://", "https://")) else f"http://{host}"
+
+
+def configure() -> None:
+    """Route gs:// as the module docstring says. Runs at import of t5lite.store, before
+    epath picks a backend for a gs:// path (it caches the choice) and before gcsfs is imported
+    (it reads its flag then). Settings already in the environment win."""
+    os.environ.setdefault("EPATH_USE_TF", "false")
+    # gcsfs's zonal-bucket probe is a gRPC call per bucket that an emulator cannot answer
+    # (a minute's timeout each); t5lite writes no zonal-only features
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    url = emulator_url()
+    if url:
+        # one switch for every library: tensorstore alone would otherwise write the arrays of
+        # a checkpoint to real GCS while its metadata went to the emulator
+        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url)
+        import fsspec.config
+        # emulators take no credentials; gcsfs's default search would probe the GCE metadata
+        # server (google-cloud-storage does the same on its own)
+        fsspec.config.conf.setdefault("gcs", {}).setdefault("token", "anon")
+
+
+def is_gcs(path) -> bool:
+    return os.fspath(path).startswith("gs://")
+
+
+def split(url) -> tuple[str, str]:
+    """'gs://bucket/a/b' -> ('bucket', 'a/b')."""
+    bucket, _, name = os.fspath(url)[len("gs://"):].partition("/")
+    return bucket, name
+
+
+@functools.lru_cache(maxsize=1)
+def client():
+    """A google-cloud-storage client: the VM's credentials, or anonymous on an emulator."""
+    from google.cloud import storage
+    return storage.Client()
+
+
+def blob(url):
+    bucket, name = split(url)
+    return client().bucket(bucket).blob(name)
+
+
+def _precondition_failed():
+    from google.api_core import exceptions
+    return exceptions.PreconditionFailed
+
+
+def _not_found():
+    from google.api_core import exceptions
+    return exceptions.NotFound
+
+
+# ---------------------------------------------------------------------- conditional writes
+
+
+def read(url):
+    """-> (bytes, generation, updated epoch seconds), or (None, None, None) when absent."""
+    b = blob(url)
+    try:
+        data = b.download_as_bytes()
+    except _not_found():
+        return None, None, None
+    # download_as_bytes fills in the generation it read, so data and generation agree
+    return data, b.generation, (b.updated.timestamp() if b.updated else None)
+
+
+def write_if(url, data: bytes, generation: int):
+    """Write `data` only if the object's generation is `generation` (0: only if absent).
+    -> the new generation, or None when another writer got there first."""
+    b = blob(url)
+    try:
+        b.upload_from_string(data, if_generation_match=generation)
+    except _precondition_failed():
+        return None
+    return b.generation
+
+
+def delete_if(url, generation: int) -> bool:
+    """Delete the object only if it still has `generation`. -> whether it was deleted."""
+    try:
+        blob(url).delete(if_generation_match=generation)
+    except (_precondition_failed(), _not_found()):
+        return False
+    return True
+
+
+def append(url, data: bytes, attempts: int = 5) -> None:
+    """Append to an object: upload the piece, compose [object, piece] onto the object under a
+    generation precondition (GCS objects cannot be appended to; gcsfs opens "a" as "w", which
+    would drop every earlier line)."""
+    for _ in range(attempts):
+        dst = blob(url)
+        try:
+            dst.reload()
+        except _not_found():
+            if write_if(url, data, 0) is not None:
+                return
+            continue
+        piece = blob(f"{url}.append-{uuid.uuid4().hex[:12]}")
+        piece.upload_from_string(data, if_generation_match=0)
+        try:
+            dst.compose([dst, piece], if_generation_match=dst.generation)
+            return
+        except _precondition_failed():
+            continue  # another writer changed it between reload and compose: again
+        finally:
+            with contextlib.suppress(_not_found()):
+                piece.delete()
+    raise OSError(f"could not append to {url}: it kept changing under {attempts} attempts")
+
+
+# ---------------------------------------------------------------------- staged folders
+
+
+@contextlib.contextmanager
+def staged_upload(remote: str):
+    """A local temp folder whose files are copied to `remote` (a flat gs:// folder) when the
+    block ends without error: for writers that reach GCS only through TensorFlow's own
+    filesystem (tf.train.Checkpoint)."""
+    from etils import epath
+    local = tempfile.mkdtemp(prefix="t5lite-gcs-")
+    try:
+        yield local
+        dst = epath.Path(remote)
+        for name in sorted(os.listdir(local)):
+            with open(os.path.join(local, name), "rb") as f:
+                (dst / name).write_bytes(f.read())
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_download(remote: str, names_only: bool = False):
+    """A local temp copy of the flat gs:// folder `remote` (missing: an empty folder), for
+    readers that reach GCS only through TensorFlow's filesystem. names_only: one level of
+    subfolders deep, empty files with the remote names (for a reader that only lists)."""
+    from etils import epath
+    local = tempfile.mkdtemp(prefix="t5lite-gcs-")
+    try:
+        src = epath.Path(remote)
+        if src.is_dir():
+            for child in src.iterdir():
+                target = os.path.join(local, child.name)
+                if child.is_dir():
+                    os.makedirs(target, exist_ok=True)
+                    if names_only:
+                        for grandchild in child.iterdir():
+                            open(os.path.join(target, grandchild.name), "wb").close()
+                elif names_only:
+                    open(target, "wb").close()
+                else:
+                    with open(target, "wb") as f:
+                        f.write(child.read_bytes())
+        yield local
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
