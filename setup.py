@@ -26,6 +26,7 @@ setup(
         "matplotlib>=3.8",  # `t5lite plot`, the ablation chart
         "tqdm>=4.66",
         "scipy>=1.11",
+        "scikit-learn>=1.4",  # the paper's benchmark metrics as T5 computes them (sklearn)
         "numpy>=1.26",
         "tiktoken>=0.7",  # GPT-2 BPE vocabulary (t5lite/tasks/vocabularies.py)
         "safetensors>=0.4",  # t5lite convert: Hugging Face weights

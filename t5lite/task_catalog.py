@@ -74,15 +74,56 @@ PAPER_MULTITASK_BASE = "c4_iid_denoising"
 C4_OBJECTIVES = ("span_corruption", "iid_denoising", "bert_denoising", "mass_denoising",
                  "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm"
                  ) + BART_OBJECTIVES
-# the paper's benchmarks (TFDS; their formats in tasks/formats.py): task -> metric names
+# the paper's benchmarks (TFDS; their formats in tasks/formats.py): task -> metric names. Each
+# is registered as paper_glue_<task> / paper_super_glue_<task>; what the paper trains on and
+# how it scores them are the tables after these.
 PAPER_GLUE_METRICS = {
     "cola": ("matthews_corrcoef",), "sst2": ("accuracy",), "mrpc": ("f1_binary", "accuracy"),
     "qqp": ("f1_binary", "accuracy"), "stsb": ("pearson_corrcoef", "spearman_corrcoef"),
     "mnli": ("accuracy",), "qnli": ("accuracy",), "rte": ("accuracy",), "wnli": ("accuracy",)}
+# wsc: T5's "simple" WSC (the model names the pronoun's referent; accuracy of whether it names
+# the candidate the label judges); wsc_train: its training examples, the positive ones only
+# (their referent is the answer); dpr: the Definite Pronoun Resolution set in the same form,
+# added to WSC's training as the paper did (T5's dpr_v001_simple)
 PAPER_SUPERGLUE_METRICS = {
-    "boolq": ("accuracy",), "cb": ("accuracy", "f1_macro"), "copa": ("accuracy",),
-    "multirc": ("f1_binary", "accuracy"), "rte": ("accuracy",), "wic": ("accuracy",),
-    "wsc": ("accuracy",), "record": ("squad",)}
+    "boolq": ("accuracy",), "cb": ("mean_3class_f1", "accuracy"), "copa": ("accuracy",),
+    "multirc": ("multirc_f1a", "multirc_em"), "record": ("record_squad",),
+    "rte": ("accuracy",), "wic": ("accuracy",), "wsc": ("accuracy",), "wsc_train": (),
+    "dpr": ("sequence_accuracy",)}
+# The paper's finetuning mixtures (T5's glue_v002_proportional and
+# super_glue_v102_proportional): no WNLI (the paper neither trains on it nor reports it), MNLI
+# trained once (its matched / mismatched sets are evaluation tasks), WSC as wsc_train + DPR.
+PAPER_GLUE_TRAIN = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte")
+PAPER_SUPERGLUE_TRAIN = ("boolq", "cb", "copa", "multirc", "record", "rte", "wic",
+                         "wsc_train", "dpr")
+# The paper's GLUE and SuperGLUE scores: the mean over these groups of each group's mean metric
+# (T5's eval_utils.compute_avg_glue). A group is one benchmark task: MRPC / QQP average F1 and
+# accuracy, STS-B Pearson and Spearman, MNLI its matched and mismatched accuracy, CB its mean F1
+# and accuracy, MultiRC F1a and exact match, ReCoRD F1 and EM; WNLI and DPR are in neither.
+# The metric keys are "<evaluated task>/<metric>"; a group's tasks share one checkpoint when
+# the best one is chosen per task (T5's metric_group_max).
+PAPER_GLUE_SCORE = {
+    "cola": ("paper_glue_cola/matthews_corrcoef",), "sst2": ("paper_glue_sst2/accuracy",),
+    "mrpc": ("paper_glue_mrpc/f1", "paper_glue_mrpc/accuracy"),
+    "stsb": ("paper_glue_stsb/pearson_corrcoef", "paper_glue_stsb/spearman_corrcoef"),
+    "qqp": ("paper_glue_qqp/f1", "paper_glue_qqp/accuracy"),
+    "mnli": ("paper_glue_mnli_matched/accuracy", "paper_glue_mnli_mismatched/accuracy"),
+    "qnli": ("paper_glue_qnli/accuracy",), "rte": ("paper_glue_rte/accuracy",)}
+PAPER_SUPERGLUE_SCORE = {
+    "boolq": ("paper_super_glue_boolq/accuracy",),
+    "cb": ("paper_super_glue_cb/mean_3class_f1", "paper_super_glue_cb/accuracy"),
+    "copa": ("paper_super_glue_copa/accuracy",),
+    "multirc": ("paper_super_glue_multirc/f1a", "paper_super_glue_multirc/em"),
+    "record": ("paper_super_glue_record/f1", "paper_super_glue_record/em"),
+    "rte": ("paper_super_glue_rte/accuracy",), "wic": ("paper_super_glue_wic/accuracy",),
+    "wsc": ("paper_super_glue_wsc/accuracy",)}
+
+
+def score_tasks(score: dict) -> tuple:
+    """The tasks a score table evaluates, in its order: "paper_glue_cola", ..."""
+    return tuple(dict.fromkeys(key.split("/")[0] for keys in score.values() for key in keys))
+
+
 PAPER_OTHER_METRICS = {"paper_squad": ("squad",), "paper_cnn_dailymail": ("rouge",),
                        "paper_wmt_ende": ("bleu",), "paper_wmt_enfr": ("bleu",),
                        "paper_wmt_enro": ("bleu",)}
@@ -176,8 +217,9 @@ def task_specs() -> list[TaskSpec]:
 
 
 def paper_multitask_members() -> list[str]:
-    return ([PAPER_MULTITASK_BASE] + [f"paper_glue_{t}" for t in PAPER_GLUE_METRICS]
-            + [f"paper_super_glue_{t}" for t in PAPER_SUPERGLUE_METRICS]
+    """Table 11's mixture: C4's unsupervised task and every task the paper finetunes on."""
+    return ([PAPER_MULTITASK_BASE] + [f"paper_glue_{t}" for t in PAPER_GLUE_TRAIN]
+            + [f"paper_super_glue_{t}" for t in PAPER_SUPERGLUE_TRAIN]
             + list(PAPER_OTHER_METRICS))
 
 
@@ -206,10 +248,10 @@ def mixture_specs() -> list[MixtureSpec]:
     specs = [MixtureSpec(name, local, rate) for name, rate in LOCAL_MIXTURES.items()]
     specs.append(MixtureSpec("pretrain_finetune_local", ("corpus_span_corruption",) + local))
     specs += _multitask_specs("multitask", multitask_members(), scaled_k, paper=False)
-    specs += [MixtureSpec("paper_glue", tuple(f"paper_glue_{t}" for t in PAPER_GLUE_METRICS),
+    specs += [MixtureSpec("paper_glue", tuple(f"paper_glue_{t}" for t in PAPER_GLUE_TRAIN),
                           cap=2 ** 21, paper=True),
               MixtureSpec("paper_super_glue",
-                          tuple(f"paper_super_glue_{t}" for t in PAPER_SUPERGLUE_METRICS),
+                          tuple(f"paper_super_glue_{t}" for t in PAPER_SUPERGLUE_TRAIN),
                           cap=2 ** 21, paper=True)]
     specs += _multitask_specs("paper_multitask", paper_multitask_members(),
                               lambda log2_k: 2 ** log2_k, paper=True)

@@ -435,15 +435,6 @@ def test_seeds_run_each_row_n_times(capsys):
                      "--seeds", "2", "--dry-run"]) == 0
 
 
-def test_benchmark_average_is_the_papers():
-    """GLUE / SuperGLUE: the mean over tasks of each task's mean metric (checkpoint steps of
-    the per-task selection are not metrics)."""
-    got = runner.benchmark_average("glue", {  # pylint: disable=protected-access
-        "paper_glue_cola/matthews_corrcoef": 40.0, "paper_glue_cola/checkpoint_step": 5000.0,
-        "paper_glue_stsb/pearson_corrcoef": 80.0, "paper_glue_stsb/spearman_corrcoef": 90.0})
-    assert got["glue/average"] == pytest.approx((40.0 + 85.0) / 2)
-
-
 def test_estimate_steps_and_tokens(capsys):
     got = ablations.estimate("table6", rows=["rate15"], tasks=["glue"], scale="paper")
     pre_tokens = 2 ** 19 * 128 * (512 + ablations.iid_targets(512, 0.15))

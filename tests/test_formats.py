@@ -137,7 +137,7 @@ def test_superglue_from_official_jsonl(vocab, tmp_path):
     assert _first("super_glue_rte")[0][:2] == (
         "rte hypothesis: B is A. premise: A is B.", "not_entailment")
     fns = seqio.get_mixture_or_task("super_glue_cb").metric_fns
-    assert {k for fn in fns for k in fn([0, 1, 2], [0, 1, 1])} == {"accuracy", "f1_macro"}
+    assert {k for fn in fns for k in fn([0, 1, 2], [0, 1, 1])} == {"accuracy", "mean_3class_f1"}
 
 
 def test_squad_from_official_json(vocab, tmp_path):
@@ -219,8 +219,21 @@ def write_paper_tfds(root: str) -> str:
          "entities": ["Paris", "France"], "answers": ["Paris", "France"],
          "idx": {"passage": 0, "query": 0}}] for s in ("train", "validation", "test")})
     _tfds_fixture(root, "super_glue", "wsc.fixed", "1.0.2", {s: [
+        {"text": "Mark told Pete he was late.", "span1_text": "Mark", "span2_text": "he",
+         "span1_index": 0, "span2_index": 3, "label": 0, "idx": 0},
         {"text": "Mark told Pete he was late.", "span1_text": "Pete", "span2_text": "he",
-         "span1_index": 2, "span2_index": 3, "label": 1, "idx": 0}]
+         "span1_index": 2, "span2_index": 3, "label": 1, "idx": 1},
+        # one of WSC's texts whose pronoun index is one word off (T5 special-cases it)
+        {"text": "Mr. Farley put the pebble in a safe . Some day they might want to use it , "
+                 "but not now.", "span1_text": "pebble", "span2_text": "it",
+         "span1_index": 4, "span2_index": 15, "label": 1, "idx": 2}]
+        for s in ("train", "validation", "test")})
+    _tfds_fixture(root, "definite_pronoun_resolution", None, "1.1.0", {s: [
+        {"sentence": "Bob asked Tom if he can lend some money.", "pronoun": "he",
+         "candidates": ["Bob", "Tom"], "label": 1}] for s in ("train", "test")})
+    _tfds_fixture(root, "super_glue", "multirc", "1.0.2", {s: [
+        {"paragraph": "<b>Sent 1: </b>Tom has a car.<br>", "question": "What does Tom have?",
+         "answer": "a car", "label": 1, "idx": {"paragraph": 3, "question": 7, "answer": 9}}]
         for s in ("train", "validation", "test")})
     _tfds_fixture(root, "squad", "v1.1", "3.0.0", {s: [
         {"id": "q1", "title": "t", "question": "Where is the cat?", "context": story,
@@ -255,8 +268,7 @@ def test_paper_benchmarks_read_from_tfds(tfds_dir):
     assert record[0][0] == ("record query: @placeholder is big entities: Paris, France "
                             "passage: Paris is in France. It is big")
     assert [a.decode() for a in record[0][2]["answers"]] == ["Paris", "France"]
-    assert _first("paper_super_glue_wsc")[0][:2] == (
-        "wsc span1_text: Pete span2_text: he text: Mark told Pete he was late.", "True")
+    assert record[1][2]["idx/passage"] == 0 and record[1][2]["idx/query"] == 0
     inputs, targets, ex = _first("paper_squad")[0]
     assert inputs.startswith("question: Where is the cat? context: The cat")
     assert targets == "on the mat" and [a.decode() for a in ex["answers"]] == [
@@ -265,6 +277,31 @@ def test_paper_benchmarks_read_from_tfds(tfds_dir):
         "summarize: The cat sat on the mat. It was warm.", "The cat sat .")
     assert _first("paper_wmt_enro")[0][:2] == ("translate English to Romanian: The cat sleeps.",
                                               "Pisica doarme.")
+
+
+def test_paper_wsc_dpr_and_multirc_are_t5s(tfds_dir):
+    """WSC as T5's wsc_simple (the pronoun *marked*, the candidate noun as the target; training
+    keeps the positive examples), DPR in the same form, MultiRC's question first and its
+    markup gone (T5's preprocessors)."""
+    wsc = sorted(_first("paper_super_glue_wsc", n=3), key=lambda w: w[2]["idx"])
+    assert [w[:2] for w in wsc] == [
+        ("wsc: Mark told Pete *he* was late.", "Mark"),
+        ("wsc: Mark told Pete *he* was late.", "Pete"),
+        ("wsc: Mr. Farley put the pebble in a safe . Some day they might want to use *it* , "
+         "but not now.", "pebble")]
+    assert [int(w[2]["label"]) for w in wsc] == [0, 1, 1]
+    assert sorted(w[1] for w in _first("paper_super_glue_wsc_train", split="train", n=3)) == [
+        "Pete", "pebble"]
+    assert "train" not in seqio.get_mixture_or_task("paper_super_glue_wsc").splits
+    assert _first("paper_super_glue_dpr", split="train")[0][:2] == (
+        "wsc: Bob asked Tom if *he* can lend some money.", "Tom")
+    inputs, targets, ex = _first("paper_super_glue_multirc")[0]
+    assert (inputs, targets) == ("multirc question: What does Tom have? answer: a car "
+                                 "paragraph: Sent 1: Tom has a car. ", "True")
+    assert (ex["idx/paragraph"], ex["idx/question"], ex["idx/answer"]) == (3, 7, 9)
+    task = seqio.get_mixture_or_task("paper_super_glue_multirc")
+    assert task.postprocess_fn("True", example=ex, is_target=True) == {"value": 1,
+                                                                       "group": (3, 7)}
 
 
 def test_c4_pretraining_reads_from_tfds(tfds_dir, vocab):

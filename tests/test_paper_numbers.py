@@ -132,3 +132,95 @@ def test_rendered_paper_cells_are_verified_or_blank(name, tmp_path):
             m = _CELL.match(cell)
             assert cell == "–" if want is None else (m and float(m.group(1)) == want), \
                 (name, row.name, cell, want)
+
+
+# ----------------------------------------------------------------------------- how it is scored
+# The paper's GLUE and SuperGLUE columns are "the average score across all subtasks" (Section
+# 3.1.4); where its text is silent, T5's code is the reference: t5/evaluation/eval_utils.py
+# METRIC_NAMES gives each metric a group (MRPC F1 + accuracy, MNLI matched + mismatched, ...)
+# and compute_avg_glue averages each group, then the groups. These are the groups it lists,
+# with the number of metrics in each.
+T5_GLUE_GROUPS = {"cola": 1, "sst2": 1, "mrpc": 2, "stsb": 2, "qqp": 2, "mnli": 2, "qnli": 1,
+                  "rte": 1}
+T5_SUPERGLUE_GROUPS = {"boolq": 1, "cb": 2, "copa": 1, "multirc": 2, "record": 2, "rte": 1,
+                       "wic": 1, "wsc": 1}
+
+
+def _scores(score: dict, value) -> dict:
+    """Every metric of a score table, valued value(group, position in the group)."""
+    return {key: value(group, i) for group, keys in score.items() for i, key in enumerate(keys)}
+
+
+def test_score_groups_are_t5s():
+    from t5lite import task_catalog
+    assert {g: len(k) for g, k in task_catalog.PAPER_GLUE_SCORE.items()} == T5_GLUE_GROUPS
+    assert {g: len(k) for g, k in task_catalog.PAPER_SUPERGLUE_SCORE.items()} == (
+        T5_SUPERGLUE_GROUPS)
+    assert task_catalog.PAPER_GLUE_SCORE["mnli"] == ("paper_glue_mnli_matched/accuracy",
+                                                     "paper_glue_mnli_mismatched/accuracy")
+    evaluated = set(ablations.DOWNSTREAM["glue"].members)
+    assert "paper_glue_wnli" not in evaluated and "paper_glue_mnli" not in evaluated
+    assert "paper_super_glue_dpr" not in ablations.DOWNSTREAM["super_glue"].members
+
+
+def test_benchmark_average_is_the_mean_of_group_means():
+    """GLUE: 8 groups, MNLI's two accuracies one of them: a change of the mismatched accuracy
+    moves the score by half as much as CoLA's does (9 tasks averaged alike would move both
+    by 1/9); WNLI, DPR and checkpoint steps are no part of it."""
+    from t5lite import task_catalog
+    from t5lite.ablations import runner
+    from t5lite.errors import UserError
+    glue = _scores(task_catalog.PAPER_GLUE_SCORE, lambda g, i: 80.0)
+    extra = {"paper_glue_wnli/accuracy": 0.0, "paper_glue_cola/checkpoint_step": 5000.0}
+    assert runner.benchmark_average("glue", {**glue, **extra})["glue/average"] == (
+        pytest.approx(80.0))
+    moved = {**glue, "paper_glue_mnli_mismatched/accuracy": 88.0}
+    assert runner.benchmark_average("glue", moved)["glue/average"] == pytest.approx(
+        80.0 + 8.0 / 2 / 8)
+    moved = {**glue, "paper_glue_cola/matthews_corrcoef": 88.0}
+    assert runner.benchmark_average("glue", moved)["glue/average"] == pytest.approx(
+        80.0 + 8.0 / 8)
+    # two-metric groups: their own mean first (MRPC F1 90, accuracy 70 -> 80)
+    mrpc = {**glue, "paper_glue_mrpc/f1": 90.0, "paper_glue_mrpc/accuracy": 70.0}
+    assert runner.benchmark_average("glue", mrpc)["glue/average"] == pytest.approx(80.0)
+    sglue = _scores(task_catalog.PAPER_SUPERGLUE_SCORE, lambda g, i: 60.0 + 10 * i)
+    # cb, multirc, record: (60 + 70) / 2 = 65; the other five: 60 -> (3 * 65 + 5 * 60) / 8
+    got = runner.benchmark_average("super_glue", {**sglue, "paper_super_glue_dpr/x": 0.0})
+    assert got["super_glue/average"] == pytest.approx((3 * 65 + 5 * 60) / 8)
+    del glue["paper_glue_rte/accuracy"]
+    with pytest.raises(UserError, match="paper_glue_rte/accuracy"):
+        runner.benchmark_average("glue", glue)
+    assert runner.benchmark_average("squad", {"paper_squad/em": 1.0}) == {"paper_squad/em": 1.0}
+
+
+def test_checkpoints_are_chosen_per_t5_group():
+    """The per-task checkpoint choice (the paper's) picks MNLI's matched and mismatched sets
+    together, by their mean (T5's metric_group_max), and every other task by its own mean."""
+    from t5lite.ablations import runner
+    groups = runner.selection_groups("glue")
+    assert ("paper_glue_mnli_matched", "paper_glue_mnli_mismatched") in groups
+    assert sorted(t for g in groups for t in g) == sorted(ablations.DOWNSTREAM["glue"].members)
+    assert runner.selection_groups("squad") == [("paper_squad",)]
+    pick = runner._selection_metric  # pylint: disable=protected-access
+    m = {"paper_glue_mnli_matched/accuracy": 80.0, "paper_glue_mnli_mismatched/accuracy": 70.0,
+         "paper_glue_rte/accuracy": 0.0, "paper_glue_mnli_matched/checkpoint_step": 5000.0}
+    assert pick(("paper_glue_mnli_matched", "paper_glue_mnli_mismatched"), m) == 75.0
+    assert pick(("paper_squad",), {"paper_squad/em": 80.0, "paper_squad/f1": 90.0}) == 85.0
+
+
+def test_squad_column_is_exact_match_and_wnli_is_never_trained():
+    """SQuAD's column in the paper's tables is exact match (F1 is kept beside it); the paper's
+    GLUE finetuning mixture (T5's glue_v002_proportional) has no WNLI, and SuperGLUE's trains
+    WSC on its positive examples plus DPR, evaluating T5's simple WSC."""
+    from t5lite import task_catalog
+    assert ablations.DOWNSTREAM["squad"].metrics == ("paper_squad/em",)
+    assert ablations.DOWNSTREAM["squad"].column == "SQuAD"
+    mixtures = {m.name: m.members for m in task_catalog.mixture_specs()}
+    assert mixtures["paper_glue"] == tuple(f"paper_glue_{t}" for t in (
+        "cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte"))
+    sglue = mixtures["paper_super_glue"]
+    assert "paper_super_glue_wsc_train" in sglue and "paper_super_glue_dpr" in sglue
+    assert "paper_super_glue_wsc" not in sglue
+    for k in (16, 21):
+        members = mixtures[f"paper_multitask_k{k}"]
+        assert "paper_glue_wnli" not in members and "paper_super_glue_dpr" in members

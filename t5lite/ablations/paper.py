@@ -26,28 +26,25 @@ class Downstream:
     metrics: tuple  # metrics shown in the table (the paper: one per benchmark)
     test_examples: int = 0  # held-out examples decoded for the result (0 = the whole split)
     # a benchmark made of several tasks (GLUE, SuperGLUE): finetune on the mixture named by the
-    # overrides, evaluate each member and report "<key>/average" (mean over tasks of the mean
-    # of each task's metrics, as the paper's average)
+    # overrides, evaluate each member and report "<key>/average", the paper's score: the mean
+    # over ``score``'s groups ((name, metric keys), ...) of each group's mean metric
     members: tuple = ()
     column: str = ""  # the paper's column this task stands for ("" = none)
     eval_task: str = ""  # the seqio task evaluated ("" = the DOWNSTREAM key)
+    score: tuple = ()
 
 
-def _paper_task(mixture: str, metric: str, lengths: dict, column: str, members=(),
+def _paper_task(mixture: str, metric: str, lengths: dict, column: str, score=None,
                 max_length: int = 0) -> Downstream:
+    """score: a benchmark's score table (task_catalog.PAPER_*_SCORE); its tasks are the
+    members evaluated."""
+    members = task_catalog.score_tasks(score) if score else ()
     return Downstream("quickstart_finetune", (
         f"data.mixture_or_task={mixture}", f"data.feature_lengths={lengths!r}",
         "train.prepare_data=()", "eval.best_metric=", "data.pack=True",
-        f"decode.max_length={max_length or lengths['targets']}"), (metric,), 0, tuple(members),
-        column, "" if members else mixture)
+        f"decode.max_length={max_length or lengths['targets']}"), (metric,), 0, members,
+        column, "" if members else mixture, tuple((score or {}).items()))
 
-
-# The member tasks of the paper's GLUE and SuperGLUE mixtures, from the task catalog (which
-# needs no seqio, so that importing this module stays light; tests/test_listings.py checks
-# the catalog against what t5lite.tasks registers).
-PAPER_GLUE_MEMBERS = tuple(f"paper_glue_{t}" for t in task_catalog.PAPER_GLUE_METRICS)
-PAPER_SUPERGLUE_MEMBERS = tuple(f"paper_super_glue_{t}"
-                                for t in task_catalog.PAPER_SUPERGLUE_METRICS)
 
 DOWNSTREAM = {
     "sentiment": Downstream("quickstart_finetune", (), ("sentiment/accuracy",), column="GLUE"),
@@ -71,16 +68,19 @@ DOWNSTREAM = {
         "eval.best_metric=topic_debian/accuracy", "eval.max_examples=1000"),
         ("topic_debian/accuracy",), column="GLUE"),
     # --scale paper: the paper's benchmarks (t5lite/tasks/formats.py, TFDS data dir), the t5
-    # vocabulary; finetuning lengths come from SCALES["paper"] (512 / 512, packed)
+    # vocabulary; finetuning lengths come from SCALES["paper"] (512 / 512, packed). GLUE and
+    # SuperGLUE are scored from the task catalog's tables (which need no seqio, so importing
+    # this module stays light): MNLI matched + mismatched, no WNLI; T5's simple WSC
     "glue": _paper_task("paper_glue", "glue/average", {"inputs": 512, "targets": 512}, "GLUE",
-                        members=PAPER_GLUE_MEMBERS, max_length=16),
+                        score=task_catalog.PAPER_GLUE_SCORE, max_length=16),
     "cnn_dailymail": _paper_task("paper_cnn_dailymail", "paper_cnn_dailymail/rouge2",
                                  {"inputs": 512, "targets": 512}, "CNNDM", max_length=256),
-    "squad": _paper_task("paper_squad", "paper_squad/f1", {"inputs": 512, "targets": 512},
+    # the paper's SQuAD column is exact match (F1 is kept beside it in the results)
+    "squad": _paper_task("paper_squad", "paper_squad/em", {"inputs": 512, "targets": 512},
                          "SQuAD", max_length=64),
     "super_glue": _paper_task("paper_super_glue", "super_glue/average",
                               {"inputs": 512, "targets": 512}, "SGLUE",
-                              members=PAPER_SUPERGLUE_MEMBERS, max_length=64),
+                              score=task_catalog.PAPER_SUPERGLUE_SCORE, max_length=64),
     "wmt_ende": _paper_task("paper_wmt_ende", "paper_wmt_ende/bleu",
                             {"inputs": 512, "targets": 512}, "EnDe", max_length=256),
     "wmt_enfr": _paper_task("paper_wmt_enfr", "paper_wmt_enfr/bleu",

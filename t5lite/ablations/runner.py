@@ -57,48 +57,67 @@ def _checkpoint_steps(workdir: str) -> list[int]:
 
 
 def benchmark_average(task: str, metrics: dict) -> dict:
-    """A benchmark of several tasks: add "<task>/average" = mean over member tasks of the mean
-    of each member's metrics (the paper's GLUE / SuperGLUE average)."""
-    downstream = DOWNSTREAM[task]
-    if not downstream.members:
+    """A benchmark of several tasks (GLUE, SuperGLUE): add "<task>/average", the paper's score:
+    the mean over the benchmark's score groups of each group's mean metric (MRPC's F1 and
+    accuracy are one group, MNLI's matched and mismatched accuracy another: T5's
+    compute_avg_glue). UserError when a group's metric is missing: a score over fewer tasks
+    is not the paper's."""
+    groups = DOWNSTREAM[task].score
+    if not groups:
         return metrics
-    per_task = [sum(v) / len(v) for v in ([x for k, x in metrics.items()
-                                           if k.startswith(m + "/")
-                                           and not k.endswith("/checkpoint_step")]
-                                          for m in downstream.members) if v]
-    if not per_task:
-        return metrics
-    return {**metrics, downstream.metrics[0]: sum(per_task) / len(per_task)}
+    missing = [k for _, keys in groups for k in keys if k not in metrics]
+    if missing:
+        raise UserError(f"{task}'s score needs {', '.join(missing)}, which the evaluation did "
+                        "not report; evaluate every member task (DOWNSTREAM members).")
+    means = [sum(metrics[k] for k in keys) / len(keys) for _, keys in groups]
+    return {**metrics, DOWNSTREAM[task].metrics[0]: sum(means) / len(means)}
 
 
-def _selection_metric(task: str, metrics: dict) -> float:
-    """The number a member task's best checkpoint is chosen by: the mean of its metrics."""
-    vals = [v for k, v in metrics.items() if k.startswith(task + "/")]
+def selection_groups(task: str) -> list[tuple]:
+    """The evaluated tasks of a DOWNSTREAM task, grouped as the paper chooses checkpoints: a
+    benchmark score group's tasks (MNLI matched and mismatched) share the checkpoint best on
+    their mean (T5's metric_group_max); every other task is chosen alone."""
+    groups, seen = [], set()
+    for _, keys in DOWNSTREAM[task].score:
+        tasks = tuple(dict.fromkeys(k.split("/")[0] for k in keys))
+        groups.append(tasks)
+        seen.update(tasks)
+    return groups + [(t,) for t in eval_tasks(task) if t not in seen]
+
+
+def _selection_metric(tasks: Sequence[str], metrics: dict) -> float:
+    """The number a group of member tasks' best checkpoint is chosen by: the mean of their
+    metrics (T5's metric group mean: MRPC's F1 and accuracy, SQuAD's EM and F1, ...)."""
+    vals = [v for k, v in metrics.items() if k.split("/")[0] in tasks
+            and not k.endswith("/checkpoint_step")]
     return sum(vals) / len(vals) if vals else float("-inf")
 
 
-def _best_checkpoint_metrics(src: str, task: str, split: str, max_examples: int,
+def _best_checkpoint_metrics(src: str, tasks: Sequence[str], split: str, max_examples: int,
                              validation_examples: int, overrides: Sequence[str]) -> dict:
     """Evaluate every kept checkpoint of ``src`` on validation (``validation_examples``) and
-    report the best one's metrics on ``split``, with "<task>/checkpoint_step"."""
+    report the best one's metrics on ``split`` for all ``tasks`` (chosen together), with
+    "<task>/checkpoint_step" for each."""
     from t5lite.eval import evaluation
+    tasks = tuple(tasks)
     best, best_step = None, None
     for step in _checkpoint_steps(src):
         ckpt = join_path(src, "checkpoints", str(step))
-        print(f"  validate {task} <- {ckpt}", flush=True)
+        print(f"  validate {' + '.join(tasks)} <- {ckpt}", flush=True)
         cfg, model, params = evaluation.load(ckpt, overrides)
-        m = evaluation.evaluate(cfg, model, params, tasks=(task,), split="validation",
+        m = evaluation.evaluate(cfg, model, params, tasks=tasks, split="validation",
                                 max_examples=validation_examples)
-        if best is None or _selection_metric(task, m) > _selection_metric(task, best):
+        if best is None or _selection_metric(tasks, m) > _selection_metric(tasks, best):
             best, best_step = m, step
     if best is None:
         raise UserError(f"{src} has no checkpoints to choose from.")
     if split != "validation":
         cfg, model, params = evaluation.load(join_path(src, "checkpoints", str(best_step)),
                                              overrides)
-        best = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split,
+        best = evaluation.evaluate(cfg, model, params, tasks=tasks, split=split,
                                    max_examples=max_examples)
-    return {**{k: float(v) for k, v in best.items()}, f"{task}/checkpoint_step": float(best_step)}
+    return {**{k: float(v) for k, v in best.items()},
+            **{f"{t}/checkpoint_step": float(best_step) for t in tasks}}
 
 
 def _test(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
@@ -120,16 +139,18 @@ def _test(pre: Optional[Stage], ft: Stage, multitask: bool, scale: str = "tiny",
     n = DOWNSTREAM[ft.task].test_examples if split == "test" else 0
     sets = eval_overrides(ft) if multitask else ()
     metrics = {}
-    for task in eval_tasks(ft.task):
-        if per_checkpoint:
-            metrics.update(_best_checkpoint_metrics(src, task, split, n,
+    if per_checkpoint:
+        for tasks in selection_groups(ft.task):
+            metrics.update(_best_checkpoint_metrics(src, tasks, split, n,
                                                     ft.cfg.eval.max_examples, sets))
-            continue
-        ckpt = pre.workdir if multitask else eval_checkpoint(ft)
-        print(f"  {split} {task} <- {ckpt}", flush=True)
-        cfg, model, params = evaluation.load(ckpt, sets)
-        m = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split, max_examples=n)
-        metrics.update({k: float(v) for k, v in m.items()})
+    else:
+        for task in eval_tasks(ft.task):
+            ckpt = pre.workdir if multitask else eval_checkpoint(ft)
+            print(f"  {split} {task} <- {ckpt}", flush=True)
+            cfg, model, params = evaluation.load(ckpt, sets)
+            m = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split,
+                                    max_examples=n)
+            metrics.update({k: float(v) for k, v in m.items()})
     metrics = benchmark_average(ft.task, metrics)
     write_json(path, metrics)
     return metrics

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from t5lite import task_catalog
 from t5lite.errors import UserError
-from t5lite.tasks import metrics, registry
+from t5lite.tasks import metrics, registry, superglue
 
 csv.field_size_limit(2 ** 31 - 1)
 
@@ -38,12 +38,13 @@ class Benchmark:
     """One classification / regression benchmark in T5's format."""
 
     name: str
-    features: tuple  # TFDS feature names; the text lists them alphabetically (as T5)
+    features: tuple  # TFDS feature names, in the text's order (T5's: alphabetical but MultiRC)
     label_names: Optional[tuple]  # None: regression (stsb)
     metric_fns: tuple
     # official file -> TFDS names: column of each feature and of the label (GLUE TSV)
     columns: Optional[Mapping[str, Union[str, int]]] = None
     file_labels: Optional[tuple] = None  # label strings in the file, by TFDS id
+    strip_html: bool = False  # MultiRC's paragraphs carry <br> and <b> markup (T5 drops it)
 
 
 def _glue_metrics(task: str) -> tuple:
@@ -93,10 +94,10 @@ SUPERGLUE = {b.name: b for b in [
               file_labels=("entailment", "contradiction", "neutral")),
     Benchmark("copa", ("choice1", "choice2", "premise", "question"), ("choice1", "choice2"),
               _superglue_metrics("copa")),
-    # MultiRC: one example per (question, answer); T5 reports exact match per question and
-    # F1 over answers; here accuracy and F1 over the answers (no per-question grouping)
-    Benchmark("multirc", ("answer", "paragraph", "question"), ("False", "True"),
-              _superglue_metrics("multirc")),
+    # MultiRC: one example per (question, answer option), the question first so that a long
+    # paragraph is what truncation cuts; scored per option (F1a) and per question (EM)
+    Benchmark("multirc", ("question", "answer", "paragraph"), ("False", "True"),
+              _superglue_metrics("multirc"), strip_html=True),
     Benchmark("rte", ("hypothesis", "premise"), ("entailment", "not_entailment"),
               _superglue_metrics("rte"), file_labels=("entailment", "not_entailment")),
     Benchmark("wic", ("sentence1", "sentence2", "word"), ("False", "True"),
@@ -104,26 +105,39 @@ SUPERGLUE = {b.name: b for b in [
     Benchmark("wsc", ("span1_text", "span2_text", "text"), ("False", "True"),
               _superglue_metrics("wsc")),
 ]}
-# ReCoRD (the eighth SuperGLUE task) is a cloze with entity answers: record_text below
+# ReCoRD (the eighth SuperGLUE task) is a cloze with entity answers: superglue.record_text;
+# the paper's WSC is superglue.wsc_simple_text (these official-file tasks keep True / False)
 SUPERGLUE_FILES = {"train": "train.jsonl", "validation": "val.jsonl"}
 
 
+def _index(x) -> dict:
+    """The example's index, flat: "idx", or MultiRC's "idx/paragraph", "idx/question", ..."""
+    idx = x.get("idx", -1)
+    if isinstance(idx, dict):
+        return {f"idx/{k}": tf.cast(v, tf.int32) for k, v in idx.items()}
+    return {"idx": tf.cast(idx, tf.int32)}
+
+
 def text_to_text(dataset, benchmark: Benchmark, prefix: Optional[str] = None):
-    """TFDS-style example -> {"inputs": "<task> k1: v1 k2: v2", "targets": label name}."""
+    """TFDS-style example -> {"inputs": "<task> k1: v1 k2: v2", "targets": label name} (a
+    test split's label -1: "<unk>", as T5)."""
     prefix = benchmark.name if prefix is None else prefix
 
     def fmt(x):
         parts = [prefix]
-        for k in sorted(benchmark.features):
+        for k in benchmark.features:
             parts += [f"{k}:", tf.strings.as_string(x[k]) if x[k].dtype != tf.string else x[k]]
         inputs = tf.strings.join(parts, " ")
+        if benchmark.strip_html:
+            inputs = tf.strings.regex_replace(inputs, "<br>", " ")
+            inputs = tf.strings.regex_replace(inputs, "<(/)?b>", "")
         if benchmark.label_names is None:  # regression: round to 0.2, one decimal
             label = tf.cast(x["label"], tf.float32)
             targets = tf.strings.as_string(tf.round(label * 5.0) / 5.0, precision=1)
         else:
-            targets = tf.gather(tf.constant(benchmark.label_names),
-                                tf.cast(x["label"], tf.int32))
-        return {"inputs": inputs, "targets": targets, "idx": tf.cast(x.get("idx", -1), tf.int32)}
+            targets = tf.gather(tf.constant(("<unk>",) + benchmark.label_names),
+                                tf.cast(x["label"], tf.int32) + 1)
+        return {"inputs": inputs, "targets": targets, **_index(x)}
 
     return dataset.map(fmt, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -131,6 +145,8 @@ def text_to_text(dataset, benchmark: Benchmark, prefix: Optional[str] = None):
 def postprocessor(benchmark: Benchmark) -> Callable:
     if benchmark.label_names is None:
         return metrics.string_to_float
+    if benchmark.name == "multirc":
+        return metrics.multirc
     return functools.partial(metrics.string_label_to_class_id,
                              label_names=list(benchmark.label_names))
 
@@ -362,31 +378,14 @@ TFDS = {
     "wmt_ende": "wmt_t2t_translate/de-en:1.0.0",
     "wmt_enfr": "wmt14_translate/fr-en:1.0.0",
     "wmt_enro": "wmt16_translate/ro-en:1.0.0",
+    "dpr": "definite_pronoun_resolution:1.1.0",
 }
-PAPER_GLUE = [f"paper_glue_{t}" for t in GLUE]
-PAPER_SUPERGLUE = [f"paper_super_glue_{t}" for t in list(SUPERGLUE) + ["record"]]
+# the tasks evaluated for the paper's GLUE and SuperGLUE scores (task_catalog.PAPER_*_SCORE)
+PAPER_GLUE = list(task_catalog.score_tasks(task_catalog.PAPER_GLUE_SCORE))
+PAPER_SUPERGLUE = list(task_catalog.score_tasks(task_catalog.PAPER_SUPERGLUE_SCORE))
 PAPER_TASKS = (["paper_glue", "paper_super_glue"] + PAPER_GLUE + PAPER_SUPERGLUE
                + ["paper_squad", "paper_cnn_dailymail", "paper_wmt_ende", "paper_wmt_enfr",
                   "paper_wmt_enro"])
-
-
-def record_text(dataset):
-    """ReCoRD (TFDS) -> "record query: Q entities: E1, E2 passage: P" -> an answer: one
-    example per answer (the first at evaluation, all answers kept for EM / F1), as T5."""
-    def fmt(x):
-        passage = tf.strings.regex_replace(x["passage"], r"(\.|\?|\!|\"|\')\n@highlight\n",
-                                           r"\1 ")
-        passage = tf.strings.regex_replace(passage, r"\n@highlight\n", ". ")
-        inputs = tf.strings.join(["record query:", x["query"], "entities:",
-                                  tf.strings.reduce_join(x["entities"], separator=", "),
-                                  "passage:", passage], " ")
-        answers = x["answers"]
-        n = tf.maximum(tf.size(answers), 1)
-        answers_or_empty = tf.cond(tf.size(answers) > 0, lambda: answers,
-                                   lambda: tf.constant([""]))
-        return {"inputs": tf.fill([n], inputs), "targets": answers_or_empty,
-                "answers": tf.repeat(tf.expand_dims(answers_or_empty, 0), n, axis=0)}
-    return dataset.map(fmt).unbatch()
 
 
 def _squad_tfds(dataset):
@@ -397,6 +396,21 @@ def _squad_tfds(dataset):
 def _wmt_tfds(src: str, tgt: str, src_name: str, tgt_name: str):
     return functools.partial(translate_text, source_language=src_name,
                              target_language=tgt_name, source_key=src, target_key=tgt)
+
+
+def _paper_superglue_special(src) -> dict:
+    """T5's WSC (evaluation: every example; training: the positive ones), DPR and ReCoRD."""
+    wsc, splits = TFDS["super_glue"].format(task="wsc.fixed"), ["train", "validation", "test"]
+    return {
+        "paper_super_glue_wsc": (src(wsc, splits=["validation", "test"]),
+                                 [superglue.wsc_simple_text], metrics.wsc_simple),
+        "paper_super_glue_wsc_train": (
+            src(wsc, splits=["train"]),
+            [functools.partial(superglue.wsc_simple_text, positives_only=True)], None),
+        "paper_super_glue_dpr": (src(TFDS["dpr"], splits=["train", "test"]),
+                                 [superglue.dpr_simple_text], None),
+        "paper_super_glue_record": (src(TFDS["super_glue"].format(task="record"), splits=splits),
+                                    [superglue.record_text], metrics.record)}
 
 
 def _paper_benchmarks() -> dict:
@@ -410,13 +424,12 @@ def _paper_benchmarks() -> dict:
                                   [functools.partial(text_to_text, benchmark=b, prefix=t)],
                                   postprocessor(b))
     for t, b in SUPERGLUE.items():
-        name = "wsc.fixed" if t == "wsc" else t
+        if t == "wsc":  # the paper's is T5's simple WSC (below)
+            continue
         out[f"paper_super_glue_{t}"] = (
-            src(TFDS["super_glue"].format(task=name), splits=["train", "validation", "test"]),
+            src(TFDS["super_glue"].format(task=t), splits=["train", "validation", "test"]),
             [functools.partial(text_to_text, benchmark=b, prefix=t)], postprocessor(b))
-    out["paper_super_glue_record"] = (
-        src(TFDS["super_glue"].format(task="record"), splits=["train", "validation", "test"]),
-        [record_text], metrics.qa_answers)
+    out.update(_paper_superglue_special(src))
     out["paper_squad"] = (src(TFDS["squad"], splits=["train", "validation"]),
                           [_squad_tfds, squad_text], metrics.qa_answers)
     out["paper_cnn_dailymail"] = (src(TFDS["cnn_dailymail"],
@@ -441,8 +454,8 @@ def register_paper_task(name: str, vocabulary: Union[str, seqio.Vocabulary],
 
 def register_paper_tasks(vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:
     """The T5 paper's benchmarks from TFDS with the ``t5`` vocabulary (names in PAPER_TASKS):
-    paper_glue_<task> and the mixture paper_glue, paper_super_glue_<task> (all eight) and
-    paper_super_glue, paper_squad, paper_cnn_dailymail, paper_wmt_{ende,enfr,enro}, as
+    paper_glue_<task> and the mixture paper_glue, paper_super_glue_<task> (all eight, WSC's
+    training half and DPR) and paper_super_glue, paper_squad, paper_cnn_dailymail, paper_wmt_{ende,enfr,enro}, as
     task_catalog lists them. Nothing is read until a dataset is built."""
     for spec in task_catalog.task_specs():
         if spec.recipe == "benchmark":

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 import scipy.stats
+import sklearn.metrics
 
 
 # ----------------------------------------------------------------------------- postprocessors
@@ -31,7 +32,9 @@ def string_label_to_class_id(output, example=None, is_target=False, label_names=
     return label_names.index(text) if text in label_names else default
 
 
-def string_to_float(output, example=None, is_target=False, default=float("nan")):
+def string_to_float(output, example=None, is_target=False, default=-1.0):
+    """STS-B: the decoded score; text that is no number scores ``default`` (T5's -1, far from
+    every real score, so a malformed answer costs correlation instead of voiding it)."""
     del example, is_target
     try:
         return float(_text(output).strip())
@@ -46,45 +49,88 @@ def qa_answers(output, example=None, is_target=False):
     return _text(output)
 
 
+def multirc(output, example=None, is_target=False):
+    """MultiRC: {"value": class id} (False 0 / True 1, else -1); a target also carries its
+    question ("group": paragraph and question index) for the per-question exact match."""
+    out = {"value": string_label_to_class_id(output, label_names=("False", "True"))}
+    if is_target:
+        out["group"] = (int(example["idx/paragraph"]), int(example["idx/question"]))
+    return out
+
+
+def record(output, example=None, is_target=False):
+    """ReCoRD: {"value": the predicted entity}; a target: {"value": every answer, "group":
+    its passage and query}, so that the metric scores each query once (its examples repeat
+    the query once per answer)."""
+    if is_target:
+        return {"value": [_text(a) for a in example["answers"]],
+                "group": (int(example["idx/passage"]), int(example["idx/query"]))}
+    return {"value": _text(output)}
+
+
+# Words that do not change which noun a WSC answer names ("the cat" is "cat").
+_DETERMINERS = frozenset((
+    "a", "an", "few", "her", "his", "each", "every", "many", "much", "my", "our", "some",
+    "that", "the", "their", "these", "this", "those", "which", "whose", "your"))
+
+
+def _referent_words(text) -> str:
+    return " ".join(w for w in _text(text).strip().lower().split(" ") if w not in _DETERMINERS)
+
+
+def wsc_simple(output, example=None, is_target=False):
+    """WSC as T5 scores it: the model names a noun; 1 if that is the example's candidate
+    referent (targets_pretokenized), else 0, compared with the example's label (1: the
+    candidate is the pronoun's referent). Case and determiners are ignored, and either
+    answer may be a subset of the other's words ("fuzzy bunny" names "bunny"), but never
+    across a possessive ("Bob" is not "Bob's hat"). An empty answer is -1 (never a label).
+    Without an example (self-consistency's vote) the normalised answer itself."""
+    if is_target:
+        return int(example["label"])
+    prediction = _referent_words(output)
+    if example is None:
+        return prediction
+    if not prediction:
+        return -1
+    referent = _referent_words(example["targets_pretokenized"])
+    if ("'" in prediction) != ("'" in referent):
+        return 0
+    p, r = set(prediction.split(" ")), set(referent.split(" "))
+    return int(p <= r or r <= p)
+
+
 # ----------------------------------------------------------------------------- classification
 
 
 def accuracy(targets, predictions) -> dict:
-    t, p = np.asarray(targets), np.asarray(predictions)
-    return {"accuracy": 100.0 * float(np.mean(t == p)) if len(t) else 0.0}
+    return {"accuracy": 100.0 * sklearn.metrics.accuracy_score(targets, predictions)
+            if len(targets) else 0.0}
 
 
-def _f1(t, p, positive) -> float:
-    tp = np.sum((p == positive) & (t == positive))
-    fp = np.sum((p == positive) & (t != positive))
-    fn = np.sum((p != positive) & (t == positive))
-    return 0.0 if tp == 0 else 2.0 * tp / (2.0 * tp + fp + fn)
+def _invalid_as_wrong(targets, predictions) -> tuple:
+    """Binary labels: a prediction that is neither class (-1: no label name decoded) counts
+    as the wrong class, whatever the target (T5's f1_score_with_invalid)."""
+    t, p = np.asarray(targets), np.array(predictions)
+    invalid = (p != 0) & (p != 1)
+    p[invalid] = 1 - t[invalid]
+    return t, p
 
 
-def f1_binary(targets, predictions, positive=1) -> dict:
-    """F1 of the positive class (MRPC, QQP); labels are class ids."""
-    return {"f1": 100.0 * _f1(np.asarray(targets), np.asarray(predictions), positive)}
+def f1_binary(targets, predictions) -> dict:
+    """F1 of the positive class (MRPC, QQP), an invalid prediction counting as wrong."""
+    t, p = _invalid_as_wrong(targets, predictions)
+    return {"f1": 100.0 * sklearn.metrics.f1_score(t, p, zero_division=0.0)}
 
 
-def f1_macro(targets, predictions) -> dict:
-    """Unweighted mean of per-class F1 over the classes seen in the targets (CB)."""
-    t, p = np.asarray(targets), np.asarray(predictions)
-    return {"f1_macro": 100.0 * float(np.mean([_f1(t, p, c) for c in np.unique(t)]))}
+def mean_3class_f1(targets, predictions) -> dict:
+    """CB: the unweighted mean of the F1 of each of the three classes, absent ones too."""
+    return {"mean_3class_f1": 100.0 * sklearn.metrics.f1_score(
+        targets, predictions, labels=[0, 1, 2], average="macro", zero_division=0.0)}
 
 
 def matthews_corrcoef(targets, predictions) -> dict:
-    """Matthews correlation (CoLA), multi-class form (Gorodkin 2004); 0 when undefined."""
-    t, p = np.asarray(targets), np.asarray(predictions)
-    classes = np.unique(np.concatenate([t, p]))
-    conf = np.array([[np.sum((t == a) & (p == b)) for b in classes] for a in classes],
-                    dtype=np.float64)
-    n, correct = conf.sum(), np.trace(conf)
-    t_sum, p_sum = conf.sum(axis=1), conf.sum(axis=0)
-    cov_tp = correct * n - np.dot(t_sum, p_sum)
-    cov_tt = n * n - np.dot(t_sum, t_sum)
-    cov_pp = n * n - np.dot(p_sum, p_sum)
-    denom = np.sqrt(cov_tt * cov_pp)
-    return {"matthews_corrcoef": 100.0 * float(cov_tp / denom) if denom else 0.0}
+    """Matthews correlation (CoLA); 0 when undefined (one class only)."""
+    return {"matthews_corrcoef": 100.0 * sklearn.metrics.matthews_corrcoef(targets, predictions)}
 
 
 def pearson_corrcoef(targets, predictions) -> dict:
@@ -94,6 +140,21 @@ def pearson_corrcoef(targets, predictions) -> dict:
 def spearman_corrcoef(targets, predictions) -> dict:
     return {"spearman_corrcoef":
             100.0 * float(scipy.stats.spearmanr(targets, predictions)[0])}
+
+
+def multirc_f1a(targets, predictions) -> dict:
+    """MultiRC F1a: F1 over all answer options (each (question, answer) example)."""
+    return {"f1a": f1_binary([t["value"] for t in targets],
+                             [p["value"] for p in predictions])["f1"]}
+
+
+def multirc_em(targets, predictions) -> dict:
+    """MultiRC EM: per question, 1 if every one of its answer options is labelled right;
+    averaged over questions (T5's mean_group_metric(all_match))."""
+    right = collections.defaultdict(list)
+    for t, p in zip(targets, predictions):
+        right[t["group"]].append(t["value"] == p["value"])
+    return {"em": 100.0 * float(np.mean([all(r) for r in right.values()])) if right else 0.0}
 
 
 # ----------------------------------------------------------------------------- SQuAD
@@ -125,6 +186,18 @@ def squad(targets: Sequence, predictions: Sequence[str]) -> dict:
         em.append(max(float(normalize_squad(pred) == normalize_squad(a)) for a in answers))
         f1.append(max(_squad_f1(pred, a) for a in answers))
     return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1))}
+
+
+def record_squad(targets, predictions) -> dict:
+    """ReCoRD: SQuAD's EM and F1 (max over a query's answers), each query counted once: the
+    first of its examples (one per answer) stands for it, as T5's deduplicate_metric."""
+    seen, answers, preds = set(), [], []
+    for t, p in zip(targets, predictions):
+        if t["group"] not in seen:
+            seen.add(t["group"])
+            answers.append(t["value"])
+            preds.append(p["value"])
+    return squad(answers, preds)
 
 
 # ----------------------------------------------------------------------------- generation
