@@ -135,7 +135,9 @@ def make_node(state, name, acc, workers):
 
 
 def drop_node(state, name):
-    state["nodes"].pop(name, None)
+    n = state["nodes"].pop(name, None)
+    if n:  # the VMs go, and with them whatever ran on them
+        kill_worker_jobs(name, n["workers"])
     shutil.rmtree(node_dir(name), ignore_errors=True)  # a new VM gets a fresh disk
 
 

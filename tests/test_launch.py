@@ -43,6 +43,8 @@ def _load_tpu_module(name):
 slices = _load_tpu_module("slices")
 fit_check = _load_tpu_module("fit_check")
 worker_setup = _load_tpu_module("worker_setup")
+retry = _load_tpu_module("retry")
+gcloud = _load_tpu_module("gcloud")
 local_multiprocess = _load("local_multiprocess")
 
 
@@ -308,13 +310,29 @@ class FakeCloud:
             (self.home / ".ssh" / f).write_text("key\n")
         self.agent = agent
 
-    def run(self, *argv, timeout=120):
-        env = {**os.environ, "PATH": f"{self.dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               "HOME": str(self.home), "FAKE_CLOUD": str(self.dir),
-               "SSH_AUTH_SOCK": "/tmp/fake-agent.sock", "FAKE_AGENT_HAS_KEY": str(int(self.agent))}
-        r = subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm.py"), *argv],
-                           capture_output=True, text=True, timeout=timeout, env=env)
-        return r
+    def env(self, home=None):
+        return {**os.environ, "PATH": f"{self.dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                "HOME": str(home or self.home), "FAKE_CLOUD": str(self.dir),
+                "SSH_AUTH_SOCK": "/tmp/fake-agent.sock",
+                "FAKE_AGENT_HAS_KEY": str(int(self.agent))}
+
+    def run(self, *argv, timeout=120, home=None):
+        return subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm.py"), *argv],
+                              capture_output=True, text=True, timeout=timeout,
+                              env=self.env(home))
+
+    def start(self, *argv):
+        """The launcher in the background (a supervise that another command then stops)."""
+        return subprocess.Popen([sys.executable, os.path.join(LAUNCH, "tpu_vm.py"), *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=self.env())
+
+    def wait_for_starts(self, n, proc, timeout=60):
+        """Until n trainer starts are recorded (the job runs) or the launcher ended."""
+        deadline = time.monotonic() + timeout
+        while len(self.jsonl("starts.jsonl")) < n and proc.poll() is None:
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.1)
 
     def calls(self, clear=True):
         path = self.dir / "calls.jsonl"
@@ -639,6 +657,209 @@ def test_tpu_supervise_stops_on_failure_and_gives_up(tmp_path, plan, extra, rc, 
     assert r.returncode == rc, r.stdout + r.stderr
     assert message in r.stderr
     assert len(cloud.jsonl("starts.jsonl")) == runs
+
+
+SUPERVISE = ["--config=c.py", "--workdir=gs://b/r", "--skip-fit-check", "--no-prepare-data",
+             "--backoff=0", "--poll-seconds=0.2"]
+CAPACITY = ('ERROR: (gcloud.compute.tpus.tpu-vm.create) {"code": 8, "message": "There is no '
+            'more capacity in the zone \\"us-central2-b\\"; you can try in another zone"}')
+QUOTA = ("ERROR: (gcloud.compute.tpus.tpu-vm.create) RESOURCE_EXHAUSTED: Quota limit "
+         "'TPUV4sPodPerProjectPerZoneForTPUAPI' has been exceeded.")
+
+
+def test_tpu_retry_kinds_and_jittered_backoff():
+    assert retry.failure_kind(CAPACITY) == "capacity"
+    assert retry.failure_kind(QUOTA) == "permanent"  # RESOURCE_EXHAUSTED, but a quota
+    assert retry.failure_kind("ERROR: (gcloud.compute.tpus.tpu-vm.create) PERMISSION_DENIED: "
+                              "Permission 'tpu.nodes.create' denied") == "permanent"
+    assert retry.failure_kind("ERROR: (gcloud.compute.tpus.tpu-vm.ssh) unrecognized "
+                              "arguments: --bad") == "permanent"
+    assert retry.failure_kind("ssh: connect to host 10.0.0.1 port 22: Connection timed out"
+                              ) == "transient"
+    assert retry.tries_for("permanent", 10) == 3 and retry.tries_for("capacity", 10) == 10
+    backoff = retry.Backoff(60, 1800, rng=__import__("random").Random(0))
+    delays = [backoff.delay(a) for a in range(1, 9)]
+    for attempt, d in enumerate(delays, 1):
+        full = min(1800, 60 * 2 ** (attempt - 1))
+        assert full / 2 <= d <= full  # bounded, and jittered within the doubling step
+    assert len({round(d / min(1800, 60 * 2 ** a), 3) for a, d in enumerate(delays)}) > 1
+
+
+def test_tpu_stream_keeps_bounded_output(capsys):
+    """A job's output is echoed, not kept: only the report lines and a short tail stay."""
+    args = types.SimpleNamespace(name="x", dry_run=False)
+    cloud = gcloud.Cloud(args)
+    code = ("for i in range(200000): print('step', i)\n"
+            "print('t5lite-job: worker 0 exit 0')\nprint('last line')")
+    rc, marks = cloud.stream([sys.executable, "-c", code])
+    assert rc == 0 and marks == ["t5lite-job: worker 0 exit 0"]
+    assert cloud.last_error.splitlines()[-1] == "last line"
+    assert len(cloud.last_error.splitlines()) == gcloud.TAIL_LINES
+    assert "step 199999" in capsys.readouterr().out
+
+
+def test_tpu_routes_are_checked_before_anything_runs(tmp_path):
+    """gcloud refuses --internal-ip with --tunnel-through-iap (one routing group); the
+    launcher says so before any call. --no-external-ip is the create flag (--internal-ips)."""
+    cloud = FakeCloud(tmp_path)
+    r = cloud.run("supervise", "vm", *Z, "--accelerator-type=v4-8", "--internal-ip",
+                  "--tunnel-through-iap", *SUPERVISE)
+    assert r.returncode == 2 and "exclude each other" in r.stderr, r.stderr
+    r = cloud.run("supervise", "vm", *Z, "--accelerator-type=v4-8", "--no-external-ip",
+                  *SUPERVISE)
+    assert r.returncode == 2 and "--no-external-ip" in r.stderr and "--internal-ip" in r.stderr
+    assert cloud.calls() == []  # nothing asked of gcloud, nothing rented
+    # the fake is as strict as gcloud: the same combination, and a create-only flag on ssh
+    for flags, message in [(["--internal-ip", "--tunnel-through-iap"], "At most one of"),
+                           (["--internal-ips"], "unrecognized arguments: --internal-ips")]:
+        r = subprocess.run(["gcloud", "alpha", "compute", "tpus", "tpu-vm", "ssh", "vm",
+                            "--worker=all", *flags, "--command", "true"],
+                           capture_output=True, text=True, env=cloud.env())
+        assert r.returncode == 2 and message in r.stderr
+    r = cloud.run("create", "vm", *Z, "--accelerator-type=v4-8", "--no-external-ip",
+                  "--internal-ip")
+    assert r.returncode == 0, r.stderr
+    assert cloud.calls()[-1][-1] == "--internal-ips"
+
+
+def test_tpu_supervise_retries_capacity_and_connection_errors(tmp_path):
+    """A plain create that meets a stockout twice, a copy and an ssh that time out: each is
+    retried after a logged, jittered wait, and the run still finishes."""
+    cloud = FakeCloud(tmp_path, create_errors=[CAPACITY, CAPACITY],
+                      conn_failures={"scp": 1, "ssh": 2})
+    r = cloud.run("supervise", "vm", *Z, "--accelerator-type=v4-8", "--no-queued", *SUPERVISE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    notes = [ln for ln in r.stderr.splitlines() if "supervise:" in ln]
+    assert [n.split("failed (")[1].split(":")[0] for n in notes if "failed (" in n] == [
+        "capacity", "capacity", "transient", "transient"], notes
+    assert "try 2/10 in 0s" in notes[0] and "try 3/10" in notes[1]
+    assert "no more capacity" in notes[0] and "reached its last step" in notes[-1]
+    creates = [c for c in cloud.calls() if c[2:4] == ["tpu-vm", "create"]]
+    assert len(creates) == 3 and len(cloud.jsonl("starts.jsonl")) == 1
+
+
+def test_tpu_supervise_stops_on_a_permanent_error(tmp_path):
+    cloud = FakeCloud(tmp_path, create_errors=[QUOTA] * 5)
+    r = cloud.run("supervise", "vm", *Z, "--accelerator-type=v4-8", *SUPERVISE)
+    assert r.returncode == 1
+    err = r.stderr.strip().splitlines()[-1]
+    assert "failed 3 time(s), giving up (permanent)" in err and "Quota limit" in err
+    assert len([c for c in cloud.calls() if c[2:4] == ["tpu-vm", "create"]]) == 3
+
+
+def test_tpu_silently_dead_slice_ends_the_wait(tmp_path):
+    """The slice is preempted under the job and the ssh connection just hangs (no keepalive
+    here): the state poll notices, ends the connection, and supervise recreates the slice."""
+    cloud = FakeCloud(tmp_path, plan=["hang", "ok"])
+    start = time.monotonic()
+    r = cloud.run("supervise", "vm", *Z, "--accelerator-type=v4-8", "--ssh-alive-interval=0",
+                  *SUPERVISE, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert time.monotonic() - start < 60  # the hung connection is not waited out
+    notes = [ln for ln in r.stderr.splitlines() if "supervise:" in ln]
+    assert "the TPU VM is PREEMPTED; restart 1/20" in notes[0], notes
+    assert "deleting it to create it again" in notes[1] and "last step" in notes[-1]
+    assert [s["run"] for s in cloud.jsonl("starts.jsonl")] == ["1", "2"]
+
+
+def test_tpu_keepalive_ends_a_dead_connection(tmp_path):
+    """Without a state poll in time, ssh's own keepalive (ServerAlive*, passed with
+    --ssh-flag) ends a connection to a host that stopped answering."""
+    cloud = FakeCloud(tmp_path, plan=["hang"])
+    assert cloud.run("create", "vm", *Z, "--accelerator-type=v4-8").returncode == 0
+    assert cloud.run("setup", "vm", *Z, "--no-prepare-data").returncode == 0
+    r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check",
+                  "--poll-seconds=600", "--ssh-alive-interval=1", "--ssh-alive-count=2")
+    assert r.returncode == 255 and "not responding" in r.stdout, r.stdout + r.stderr
+    job = [c for c in cloud.calls() if "ssh" in c and "tpu_job.sh run" in c[-1]]
+    assert job[0][-4:-2] == ["--ssh-flag=-oServerAliveInterval=1",
+                             "--ssh-flag=-oServerAliveCountMax=2"]
+
+
+def test_tpu_stop_job_under_supervise_is_a_stop(tmp_path):
+    """stop-job while supervise runs: the job exits 75, which is a stop here, not a
+    preemption: supervise ends without a restart."""
+    cloud = FakeCloud(tmp_path, plan=["slow"])
+    proc = cloud.start("supervise", "vm", *Z, "--accelerator-type=v4-8", *SUPERVISE)
+    cloud.wait_for_starts(1, proc)
+    r = cloud.run("stop-job", "vm", *Z, "--grace=20")
+    assert r.returncode == 0 and "worker 0 stopped (exit 75)" in r.stdout, r.stdout + r.stderr
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert "t5lite-job: worker 0 exit 75 stopped" in out
+    assert "supervise: stopped (" in err and "restart 1/" not in err
+    assert len(cloud.jsonl("starts.jsonl")) == 1 and "vm" in cloud.state("nodes")
+    # a new supervise clears the old stop and runs
+    (cloud.dir / "plan.json").write_text(json.dumps(["ok"]))
+    r = cloud.run("supervise", "vm", *Z, "--accelerator-type=v4-8", *SUPERVISE)
+    assert r.returncode == 0 and "earlier stop (stop-job at" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("elsewhere", [False, True])
+def test_tpu_delete_under_supervise_is_not_undone(tmp_path, elsewhere):
+    """delete while supervise runs: here (the stop marker) or from another machine (no
+    marker; the slice is gone rather than preempted): the slice is not created again."""
+    cloud = FakeCloud(tmp_path, plan=["slow"])
+    proc = cloud.start("supervise", "vm", *Z, "--accelerator-type=v4-8", *SUPERVISE)
+    cloud.wait_for_starts(1, proc)
+    other = tmp_path / "other-home"
+    (other / ".ssh").mkdir(parents=True)
+    r = cloud.run("delete", "vm", *Z, "--grace=20", *["--no-stop-job"] * elsewhere,
+                  home=other if elsewhere else None)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert "supervise: stopped (" in err and "not restarting" in err
+    assert ("deleted, not preempted" in err) == elsewhere
+    assert cloud.state("nodes") == {}
+    assert len([c for c in cloud.calls() if c[2:4] == ["tpu-vm", "create"]]) == 1
+
+
+def test_tpu_env_values_never_printed_or_stored(tmp_path):
+    """--env values reach the trainer through a file only the user can read; they are on no
+    command line, in no output, log or log copy. --env also overrides a preset."""
+    secret = "s3cr3t-Value-42"
+    cloud = FakeCloud(tmp_path, plan=["ok"])
+    assert cloud.run("create", "vm", *Z, "--accelerator-type=v4-8").returncode == 0
+    assert cloud.run("setup", "vm", *Z, "--no-prepare-data").returncode == 0
+    r = cloud.run("train", "vm", *Z, "--config=c.py", "--workdir=gs://b/r", "--skip-fit-check",
+                  "--env", f"MY_TOKEN={secret}", "--env", "TPU_STDERR_LOG_LEVEL=0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (start,) = cloud.jsonl("starts.jsonl")
+    assert start["env"] == {"MY_TOKEN": secret, "TPU_STDERR_LOG_LEVEL": "0",
+                            "TPU_MIN_LOG_LEVEL": "0",
+                            "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
+                            "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "256"}
+    assert "MY_TOKEN=***" in r.stderr
+    home = cloud.worker("vm", 0)
+    job_home = home / "t5lite-job"
+    (env_file,) = job_home.glob("env.*")
+    assert env_file.stat().st_mode & 0o777 == 0o600 and not list(home.glob("t5lite-env-*"))
+    seen = [r.stdout, r.stderr, (cloud.dir / "calls.jsonl").read_text(),
+            (cloud.dir / "worker_calls.jsonl").read_text(), (job_home / "cmd").read_text()]
+    seen += [p.read_text() for p in (cloud.dir / "gcs").rglob("*.log")]
+    seen += [p.read_text() for p in (job_home / "logs").glob("*.log")]
+    assert len(seen) == 7 and "env file: MY_TOKEN TPU_STDERR_LOG_LEVEL" in seen[-1]
+    assert not [text for text in seen if secret in text]
+
+
+@pytest.mark.parametrize("scripted,extra,message", [
+    ({}, ["--workdir=gs://nobucket/r"], "bucket gs://nobucket does not exist"),
+    ({"writers": {"b": []}}, [], "you cannot write to it gs://b"),
+    ({"writers": {"b": ["user"]}, "create_errors": [QUOTA] * 3}, ["--service-account=sa@p.iam"],
+     "cannot act as sa@p.iam"),  # the user may write, the VMs' account is not checkable
+    ({"writers": {"b": ["user"]}, "impersonable": ["sa@p.iam"]},
+     ["--service-account=sa@p.iam"], "sa@p.iam cannot write to it gs://b"),
+])
+def test_tpu_bucket_is_checked_before_renting(tmp_path, scripted, extra, message):
+    cloud = FakeCloud(tmp_path, **scripted)
+    r = cloud.run("supervise", "vm", *Z, "--accelerator-type=v4-8", *SUPERVISE, *extra)
+    assert message in r.stderr, r.stderr
+    if "cannot act as" in message:  # checked as the user instead, with a one-line warning;
+        assert "Quota limit" in r.stderr  # then it went on to create (which is refused here)
+        return
+    assert r.returncode == 2 and "tpu_vm.py: error:" in r.stderr.strip().splitlines()[-1]
+    assert not [c for c in cloud.calls() if c[0] != "storage"]  # nothing rented
 
 
 # ----------------------------------------------------------------------------- SLURM, multinode

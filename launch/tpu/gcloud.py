@@ -134,7 +134,8 @@ class Cloud:
                 self.ended_by = watch()
                 if self.ended_by:
                     rc = _end(p)
-        reader.join()
+        # a process that outlived gcloud may hold the pipe open: its lines are not needed then
+        reader.join(timeout=10 if self.ended_by else None)
         self.last_error = "\n".join(tail)
         return rc, list(marks)
 
