@@ -1,7 +1,7 @@
 """T5 paper (Raffel et al. 2020), Table 7: mean span length of the corruption at 15%: ★ the
 i.i.d. baseline (corpus_iid_denoising) against spans of mean length 2, 3, 5, 10
 (corpus_span_corruption_len{2,5,10}; 3 is corpus_span_corruption, T5's final objective), each
-with seqio's exact targets length for its spans.
+with the targets length T5's random_spans_helper gives for its spans.
 
 Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py), 128 input
 tokens, 150 + 150 steps, sentiment accuracy only (add `--tasks translate_en_de
