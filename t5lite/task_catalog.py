@@ -124,6 +124,9 @@ def score_tasks(score: dict) -> tuple:
     return tuple(dict.fromkeys(key.split("/")[0] for keys in score.values() for key in keys))
 
 
+# MNLI is trained as paper_glue_mnli and evaluated as two tasks of its own, matched and
+# mismatched (T5's glue_mnli_matched / _mismatched): TFDS has no plain validation / test split
+MNLI_EVAL = ("matched", "mismatched")
 PAPER_OTHER_METRICS = {"paper_squad": ("squad",), "paper_cnn_dailymail": ("rouge",),
                        "paper_wmt_ende": ("bleu",), "paper_wmt_enfr": ("bleu",),
                        "paper_wmt_enro": ("bleu",)}
@@ -204,6 +207,7 @@ def _paper_task_specs() -> list[TaskSpec]:
     specs += [_c4(f"c4_span_corruption_len{length}", "span_corruption",
                   mean_noise_span_length=float(length)) for length in SPAN_LENGTHS]
     benchmarks = {**{f"paper_glue_{t}": m for t, m in PAPER_GLUE_METRICS.items()},
+                  **{f"paper_glue_mnli_{s}": PAPER_GLUE_METRICS["mnli"] for s in MNLI_EVAL},
                   **{f"paper_super_glue_{t}": m for t, m in PAPER_SUPERGLUE_METRICS.items()},
                   **PAPER_OTHER_METRICS}
     specs += [TaskSpec(name, "benchmark", "t5", metrics=metrics, paper=True)

@@ -388,6 +388,12 @@ PAPER_TASKS = (["paper_glue", "paper_super_glue"] + PAPER_GLUE + PAPER_SUPERGLUE
                   "paper_wmt_enro"])
 
 
+# TFDS's MNLI has no plain validation / test split: its matched and mismatched sets (T5's
+# glue_mnli splits); paper_glue_mnli_matched / _mismatched evaluate them as validation / test
+MNLI_SPLITS = ["train"] + [f"{s}_{k}" for s in ("validation", "test")
+                           for k in task_catalog.MNLI_EVAL]
+
+
 def _squad_tfds(dataset):
     return dataset.map(lambda x: {"question": x["question"], "context": x["context"],
                                   "answers": x["answers"]["text"]})
@@ -418,11 +424,16 @@ def _paper_benchmarks() -> dict:
     src = seqio.TfdsDataSource
     out = {}
     for t, b in GLUE.items():
-        splits = (["train", "validation_matched", "validation_mismatched"] if t == "mnli"
-                  else ["train", "validation", "test"])
-        out[f"paper_glue_{t}"] = (src(TFDS["glue"].format(task=t), splits=splits),
-                                  [functools.partial(text_to_text, benchmark=b, prefix=t)],
+        text = [functools.partial(text_to_text, benchmark=b, prefix=t)]
+        splits = MNLI_SPLITS if t == "mnli" else ["train", "validation", "test"]
+        out[f"paper_glue_{t}"] = (src(TFDS["glue"].format(task=t), splits=splits), text,
                                   postprocessor(b))
+    for s in task_catalog.MNLI_EVAL:  # MNLI's two evaluation sets, each its own task
+        out[f"paper_glue_mnli_{s}"] = (
+            src(TFDS["glue"].format(task="mnli"),
+                splits={"validation": f"validation_{s}", "test": f"test_{s}"}),
+            [functools.partial(text_to_text, benchmark=GLUE["mnli"], prefix="mnli")],
+            postprocessor(GLUE["mnli"]))
     for t, b in SUPERGLUE.items():
         if t == "wsc":  # the paper's is T5's simple WSC (below)
             continue
