@@ -66,12 +66,10 @@ sync_logs() {
 # and, on a TPU VM, anything of ours still holding the TPU devices.
 stale_pids() {
     local p pid
-    for p in /proc/[0-9]*; do
-        pid="${p#/proc/}"
-        [[ "$pid" == "$$" ]] && continue
-        if { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qxF "T5LITE_JOB_HOME=$JOB_HOME"; then
-            echo "$pid"
-        fi
+    # one grep over every environ (NUL-separated entries), not two processes per process
+    for p in $(grep -lzxF "T5LITE_JOB_HOME=$JOB_HOME" /proc/[0-9]*/environ 2>/dev/null); do
+        pid="${p#/proc/}"; pid="${pid%/environ}"
+        [[ "$pid" == "$$" ]] || echo "$pid"
     done
     if command -v lsof >/dev/null 2>&1; then
         lsof -t /dev/accel* /dev/vfio/[0-9]* 2>/dev/null || true
@@ -95,14 +93,19 @@ clean_stale() {
     fi
 }
 
-# Follow the log until the job ends, then report its exit code (the wrapper writes it).
+# Follow the log from byte `from` until the job ends, then report its exit code (the wrapper
+# writes it). Liveness is checked before each read, so the last read has the last lines.
 attach() {
-    local pid="$1" from="$2"
-    tail -s 0.2 -c "+$from" -F "$CURRENT_LOG" 2>/dev/null &
-    local tailer=$!
-    while alive "$pid"; do sleep 0.2; done
-    sleep 1  # tail prints the last lines
-    kill "$tailer" 2>/dev/null; wait "$tailer" 2>/dev/null
+    local pid="$1" pos="$2" size running=1
+    while (( running )); do
+        alive "$pid" || running=0
+        size="$(stat -L -c %s "$CURRENT_LOG" 2>/dev/null || echo 0)"
+        if (( size >= pos )); then
+            tail -c "+$pos" "$CURRENT_LOG" 2>/dev/null | head -c "$(( size - pos + 1 ))"
+            pos=$(( size + 1 ))
+        fi
+        (( running )) && sleep 0.2
+    done
     report_exit
 }
 

@@ -18,15 +18,14 @@ DENIED = re.compile(r"\b403\b|AccessDenied|PERMISSION_DENIED|does not have", re.
 
 
 def probe_commands(workdir: str, identity: list[str]) -> list[tuple[str, list[str], str | None]]:
-    """(what, command, stdin) for: the bucket exists; a probe object written, read, deleted."""
-    bucket = "gs://" + workdir[len("gs://"):].split("/", 1)[0]
+    """(what, command, stdin) for a probe object written (a missing bucket fails here with
+    404), read and deleted. No `buckets describe`: it needs storage.buckets.get, which an
+    account that may write objects (roles/storage.objectAdmin) need not have."""
     probe = f"{workdir.rstrip('/')}/.t5lite-probe-{secrets.token_hex(4)}"
     storage = ["gcloud", "storage"]
-    return [("find the bucket", storage + ["buckets", "describe", bucket, "--format=json"]
-             + identity, None),
-            ("write to it", storage + ["cp", "-", probe] + identity, "t5lite write probe\n"),
-            ("read from it", storage + ["cat", probe] + identity, None),
-            ("delete from it", storage + ["rm", probe] + identity, None)]
+    return [("write to", storage + ["cp", "-", probe] + identity, "t5lite write probe\n"),
+            ("read from", storage + ["cat", probe] + identity, None),
+            ("delete from", storage + ["rm", probe] + identity, None)]
 
 
 def check_bucket(cloud: Cloud, args) -> None:
@@ -62,7 +61,7 @@ def _probe(cloud: Cloud, workdir: str, identity: list[str]) -> tuple[str, str] |
 
 def _fix(workdir: str, who: str, what: str, err: str) -> str:
     bucket = "gs://" + workdir[len("gs://"):].split("/", 1)[0]
-    if what == "find the bucket" and NOT_FOUND.search(err) and not DENIED.search(err):
+    if what == "write to" and NOT_FOUND.search(err) and not DENIED.search(err):
         return (f"bucket {bucket} does not exist: create it in the TPU's region (gcloud storage "
                 f"buckets create {bucket} --location=REGION) or fix --workdir.")
     if DENIED.search(err):
