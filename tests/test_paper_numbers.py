@@ -206,6 +206,11 @@ def test_checkpoints_are_chosen_per_t5_group():
          "paper_glue_rte/accuracy": 0.0, "paper_glue_mnli_matched/checkpoint_step": 5000.0}
     assert pick(("paper_glue_mnli_matched", "paper_glue_mnli_mismatched"), m) == 75.0
     assert pick(("paper_squad",), {"paper_squad/em": 80.0, "paper_squad/f1": 90.0}) == 85.0
+    # a NaN (constant predictions' correlation) never wins: any defined checkpoint beats it
+    nan = {"paper_glue_stsb/pearson_corrcoef": float("nan"),
+           "paper_glue_stsb/spearman_corrcoef": 10.0}
+    assert pick(("paper_glue_stsb",), nan) == float("-inf") < pick(("paper_glue_stsb",), {
+        "paper_glue_stsb/pearson_corrcoef": -5.0, "paper_glue_stsb/spearman_corrcoef": -5.0})
 
 
 def test_squad_column_is_exact_match_and_wnli_is_never_trained():

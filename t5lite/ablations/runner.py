@@ -87,10 +87,13 @@ def selection_groups(task: str) -> list[tuple]:
 
 def _selection_metric(tasks: Sequence[str], metrics: dict) -> float:
     """The number a group of member tasks' best checkpoint is chosen by: the mean of their
-    metrics (T5's metric group mean: MRPC's F1 and accuracy, SQuAD's EM and F1, ...)."""
+    metrics (T5's metric group mean: MRPC's F1 and accuracy, SQuAD's EM and F1, ...); -inf
+    when undefined (no metric, or a NaN one: STS-B's correlation of constant predictions),
+    so that any defined checkpoint beats it (T5 fills NaN with -1e9)."""
     vals = [v for k, v in metrics.items() if k.split("/")[0] in tasks
             and not k.endswith("/checkpoint_step")]
-    return sum(vals) / len(vals) if vals else float("-inf")
+    mean = sum(vals) / len(vals) if vals else float("nan")
+    return float("-inf") if math.isnan(mean) else mean
 
 
 def _best_checkpoint_metrics(src: str, tasks: Sequence[str], split: str, max_examples: int,
