@@ -246,6 +246,41 @@ def _multitask_specs(prefix: str, members: list, cap, paper: bool) -> list[Mixtu
             + [MixtureSpec(f"{prefix}_equal", members, "equal", paper=paper)])
 
 
+# Table 12: the examples-proportional multi-task mixture at K = 2^19 without one downstream
+# task (leave-one-out: <prefix>_k19_without_<task>) or without the unsupervised task
+# (supervised multi-task pre-training: <prefix>_supervised_k19). A paper-scale downstream
+# task stands for all of its tasks (GLUE's, SuperGLUE's), as it is finetuned on all of them.
+TABLE12_LOG2_K = 19
+PAPER_DOWNSTREAM_PREFIXES = {
+    "glue": "paper_glue_", "super_glue": "paper_super_glue_", "squad": "paper_squad",
+    "cnn_dailymail": "paper_cnn_dailymail", "wmt_ende": "paper_wmt_ende",
+    "wmt_enfr": "paper_wmt_enfr", "wmt_enro": "paper_wmt_enro"}
+
+
+def _table12_specs(prefix: str, members: list, base: str, groups: dict, cap,
+                   paper: bool) -> list[MixtureSpec]:
+    """groups: downstream task -> the members it stands for (left out together)."""
+    k = TABLE12_LOG2_K
+    specs = [MixtureSpec(f"{prefix}_supervised_k{k}", tuple(m for m in members if m != base),
+                         "proportional", cap(k), paper=paper)]
+    specs += [MixtureSpec(f"{prefix}_k{k}_without_{task}",
+                          tuple(m for m in members if m not in left), "proportional", cap(k),
+                          paper=paper) for task, left in groups.items()]
+    return specs
+
+
+def table12_mixture_specs() -> list[MixtureSpec]:
+    """Table 12's mixtures: the local ones (K scaled), then those for `--scale paper`."""
+    local = multitask_members()
+    paper = paper_multitask_members()
+    paper_groups = {task: tuple(m for m in paper if m.startswith(start))
+                    for task, start in PAPER_DOWNSTREAM_PREFIXES.items()}
+    return (_table12_specs("multitask", local, MULTITASK_BASE,
+                           {t: (t,) for t in FINETUNE}, scaled_k, paper=False)
+            + _table12_specs("paper_multitask", paper, PAPER_MULTITASK_BASE, paper_groups,
+                             lambda log2_k: 2 ** log2_k, paper=True))
+
+
 def mixture_specs() -> list[MixtureSpec]:
     """Every built-in mixture: the local ones, then those for `--scale paper`."""
     local = tuple(FINETUNE)
@@ -259,6 +294,7 @@ def mixture_specs() -> list[MixtureSpec]:
                           cap=2 ** 21, paper=True)]
     specs += _multitask_specs("paper_multitask", paper_multitask_members(),
                               lambda log2_k: 2 ** log2_k, paper=True)
+    specs += table12_mixture_specs()
     return specs
 
 

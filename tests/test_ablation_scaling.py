@@ -144,3 +144,125 @@ def test_ensemble_decoding_is_greedy_on_the_mean_of_the_members_logits(architect
         decoding.generate(model, decoding.ensemble([a, b]),
                           config_lib.DecodeConfig(max_length=N_NEW, method="beam", beams=2),
                           inputs, lengths, eos_id=eos)
+
+
+# ----------------------------------------------------------------------------- Tables 12, 13
+
+
+def _plan(name, row, scale, tasks):
+    from t5lite import ablations
+    table = ablations.load_table(name)
+    return ablations.plan_row(table, table.row(row), "/w", tasks, scale)
+
+
+@pytest.mark.parametrize("scale,tasks,mixture", [
+    ("tiny", ("sentiment", "translate_en_de"), "multitask_k19"),
+    ("paper", ("glue", "squad"), "paper_multitask_k19")])
+def test_table12_rows_pretrain_on_the_mixtures_then_finetune(scale, tasks, mixture):
+    """Multi-task pretraining + finetuning, leave-one-out (one pretraining per task, on the
+    mixture without it), supervised-only pretraining; the seqio mixtures hold what they say."""
+    import seqio
+    import t5lite.tasks  # noqa: F401  registers the mixtures
+    from t5lite import task_catalog
+    pre, fts = _plan("table12", "multitask_finetune", scale, tasks)
+    assert pre.cfg.data.mixture_or_task == mixture
+    assert all(ft.cfg.checkpoint.init_from == pre.workdir for ft in fts)
+    # its targets are long enough for the finetuning tasks mixed into it
+    assert pre.cfg.data.feature_lengths["targets"] >= max(
+        ft.cfg.data.feature_lengths["targets"] for ft in fts)
+    none, fts = _plan("table12", "leave_one_out", scale, tasks)
+    assert none is None
+    for ft in fts:
+        src = ft.source
+        assert src.workdir == f"/w/table12/leave_one_out/pretrain_without_{ft.task}"
+        assert src.cfg.data.mixture_or_task == f"{mixture}_without_{ft.task}"
+        assert ft.cfg.checkpoint.init_from == src.workdir
+        kept = {t.name for t in seqio.get_mixture_or_task(src.cfg.data.mixture_or_task).tasks}
+        full = {t.name for t in seqio.get_mixture_or_task(mixture).tasks}
+        # all of the left-out downstream task's tasks (GLUE's nine), and only those
+        prefix = task_catalog.PAPER_DOWNSTREAM_PREFIXES.get(ft.task, ft.task)
+        assert full - kept == {t for t in full if t.startswith(prefix)} != set()
+    sup, _ = _plan("table12", "supervised", scale, tasks)
+    members = {t.name for t in seqio.get_mixture_or_task(sup.cfg.data.mixture_or_task).tasks}
+    assert members == full - {"corpus_iid_denoising", "c4_iid_denoising"}
+    multi, _ = _plan("table12", "multitask", scale, tasks)
+    assert multi.cfg.data.mixture_or_task == mixture
+    rate = seqio.get_mixture_or_task(mixture)._task_to_rate  # pylint: disable=protected-access
+    k = 2 ** 19 if scale == "paper" else 2 ** 14
+    assert all(r.keywords["maximum"] == k for r in rate.values())
+
+
+def test_paper_scale_finetuning_continues_the_pretraining_run():
+    """--scale paper: finetuning from step 2^19 with the pretraining run's optimizer state, to
+    2^19 + 2^18 at a constant 1e-3; the tiny scale starts afresh; a leave-one-out finetuning
+    continues its own pretraining; a multi-task row has no finetuning to continue."""
+    pre, (ft,) = _plan("table12", "baseline", "paper", ("squad",))
+    assert ft.cfg.checkpoint.init_state and ft.cfg.train.steps == 2 ** 19 + 2 ** 18
+    assert (ft.cfg.optim.name, ft.cfg.optim.schedule, ft.cfg.optim.learning_rate,
+            ft.cfg.optim.warmup_steps) == ("adafactor", "constant", 1e-3, 0)
+    assert pre.cfg.optim.name == "adafactor"  # the same optimizer: its state carries over
+    _, (tiny,) = _plan("table12", "baseline", "tiny", ("sentiment",))
+    assert not tiny.cfg.checkpoint.init_state and tiny.cfg.train.steps == 150
+    _, (loo,) = _plan("table12", "leave_one_out", "paper", ("squad",))
+    assert loo.cfg.checkpoint.init_state and loo.cfg.train.steps == 2 ** 19 + 2 ** 18
+    multi, _ = _plan("table12", "multitask", "paper", ("squad",))
+    assert multi.cfg.train.steps == 2 ** 19 + 2 ** 18
+
+
+def test_table13_sizes_steps_and_batch_at_paper_scale():
+    """T5's 2x and 4x models (bi_v1_2x.gin / bi_v1_4x.gin: d_model 1024, d_ff 4096, 16
+    heads, 16 / 32 layers per stack) and 4x steps or batch size, in both stages."""
+    shapes = lambda c: (c.model.d_model, c.model.d_ff, c.model.num_heads, c.model.head_dim,  # noqa
+                        c.model.num_encoder_layers, c.model.num_decoder_layers)
+    base, (ft,) = _plan("table13", "baseline", "paper", ("glue",))
+    assert shapes(base.cfg) == (768, 3072, 12, 64, 12, 12)
+    pre, (ft,) = _plan("table13", "size2x_steps2x", "paper", ("glue",))
+    assert shapes(pre.cfg) == shapes(ft.cfg) == (1024, 4096, 16, 64, 16, 16)
+    assert pre.cfg.train.steps == 2 ** 20 and ft.cfg.train.steps == 2 ** 20 + 2 ** 19
+    pre, (ft,) = _plan("table13", "size4x", "paper", ("glue",))
+    assert shapes(pre.cfg) == shapes(ft.cfg) == (1024, 4096, 16, 64, 32, 32)
+    assert pre.cfg.train.steps == 2 ** 19
+    pre, (ft,) = _plan("table13", "steps4x", "paper", ("glue",))
+    assert pre.cfg.train.steps == 2 ** 21 and ft.cfg.train.steps == 2 ** 21 + 2 ** 20
+    pre, (ft,) = _plan("table13", "batch4x", "paper", ("glue",))
+    assert pre.cfg.data.batch_size == ft.cfg.data.batch_size == 512
+    # at tiny scale the same ratios of the tiny model
+    pre, _ = _plan("table13", "size4x", "tiny", ("sentiment",))
+    assert pre.cfg.model.num_encoder_layers > base.cfg.model.num_encoder_layers // 6
+
+
+@pytest.mark.parametrize("scale", ["tiny", "paper"])
+def test_table13_ensembles_train_members_and_evaluate_them_together(scale, capsys):
+    from t5lite import ablations
+    from t5lite.ablations import plan
+    table = ablations.load_table("table13")
+    tasks = ("sentiment",) if scale == "tiny" else ("squad",)
+    shared, members = plan.plan_members(table, table.row("ensemble4x"), "/w", tasks, scale)
+    assert shared is None and len(members) == 4
+    seeds = []
+    for m, (pre, (ft,)) in enumerate(members):
+        assert pre.workdir == f"/w/table13/ensemble4x/member{m}/pretrain"
+        assert ft.cfg.checkpoint.init_from == pre.workdir
+        seeds.append((pre.cfg.train.seed, pre.cfg.data.seed, ft.cfg.train.seed))
+    assert seeds == [(m, m, m) for m in range(4)]  # member 0 is the baseline's run
+    shared, members = plan.plan_members(table, table.row("ensemble4x_finetune_only"), "/w",
+                                        tasks, scale, seed=1)
+    assert shared.workdir == "/w/table13/ensemble4x_finetune_only/seed1/pretrain"
+    assert shared.cfg.train.seed == 1
+    for m, (pre, (ft,)) in enumerate(members):
+        assert pre is None and ft.cfg.checkpoint.init_from == shared.workdir
+        assert ft.workdir == (f"/w/table13/ensemble4x_finetune_only/seed1/member{m}/"
+                              f"finetune_{ft.task}")
+        assert ft.cfg.train.seed == ft.cfg.data.seed == 4 + m
+        assert ft.cfg.checkpoint.init_state == (scale == "paper")
+    ablations.run(table, "/w", rows=["ensemble4x_finetune_only"], tasks=tasks, scale=scale,
+                  dry_run=True)
+    out = capsys.readouterr().out
+    assert out.count("t5lite train") == 5 and out.count("# ensemble of 4") == 1
+    for m in range(4):
+        assert f"/w/table13/ensemble4x_finetune_only/member{m}/finetune_" in out
+    got = ablations.estimate(table, rows=["ensemble4x", "ensemble4x_finetune_only"],
+                             tasks=tasks, scale=scale)["rows"]
+    pre, ft = (150, 150) if scale == "tiny" else (2 ** 19, 2 ** 18)  # steps trained
+    assert got["ensemble4x"]["steps"] == 4 * (pre + ft)
+    assert got["ensemble4x_finetune_only"]["steps"] == pre + 4 * ft

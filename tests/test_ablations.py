@@ -18,8 +18,8 @@ from t5lite.cli import main as cli
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 
-TABLES = ("table2", "table4", "table5", "table6", "table7", "table10", "table11",
-          "table4_bart")
+TABLES = ("table2", "table4", "table5", "table6", "table7", "table10", "table11", "table12",
+          "table13", "table4_bart")
 
 
 def _plans(name, scale="tiny", tasks=("sentiment",)):
@@ -62,6 +62,10 @@ def test_every_row_gives_valid_configs(name, scale):
         if not row.pretrained:
             assert pre is None and all(not ft.cfg.checkpoint.init_from for ft in fts)
             continue
+        if row.leave_one_out:  # a pretraining per task (tests/test_ablation_scaling.py)
+            assert pre is None and all(ft.cfg.checkpoint.init_from == ft.source.workdir
+                                       for ft in fts)
+            continue
         assert pre.workdir == f"/w/{name}/{row.name}/pretrain"
         assert [ft.task for ft in fts] == list(ablations.DOWNSTREAM)
         for ft in fts:
@@ -74,7 +78,9 @@ def test_every_row_gives_valid_configs(name, scale):
         # the plain overrides are the whole story: reloading from them gives the same config
         assert config_lib.load_config(pre.config, pre.overrides) == pre.cfg
     if scale == "paper":
-        assert all(p.cfg.model.d_model == 768 for p, _ in plans.values() if p)
+        # T5 base, but Table 13's bigger models (T5's 2x / 4x: d_model 1024)
+        assert all(p.cfg.model.d_model == (1024 if n.startswith("size") else 768)
+                   for n, (p, _) in plans.items() if p)
 
 
 def test_table2_sets_the_architecture():
@@ -313,7 +319,9 @@ def test_paper_scale_steps_vocabulary_lengths_and_split(capsys):
     import seqio
     table, plans = _plans("table6", "paper", tasks=("glue", "squad"))
     pre, (glue, squad) = plans["rate10"]
-    assert pre.cfg.train.steps == 2 ** 19 and glue.cfg.train.steps == 2 ** 18
+    # finetuning continues the pretraining run (T5's finetune): 2^18 steps more
+    assert pre.cfg.train.steps == 2 ** 19 and glue.cfg.train.steps == 2 ** 19 + 2 ** 18
+    assert glue.cfg.checkpoint.init_state and glue.cfg.optim.schedule == "constant"
     assert pre.cfg.data.mixture_or_task == "c4_iid_denoising_rate10"
     task = seqio.get_mixture_or_task(pre.cfg.data.mixture_or_task)
     vocab = task.output_features["targets"].vocabulary
@@ -560,6 +568,7 @@ def test_paper_scale_row_end_to_end_on_tfds_fixtures(data_dir, tmp_path):
         ablation_tasks.register_paper("t5")
     assert result["split"] == "validation"
     assert 0.0 <= result["metrics"]["paper_squad/f1"] <= 100.0
-    assert result["metrics"]["paper_squad/checkpoint_step"] in (2.0, 4.0)
+    # finetuning continues at pretraining step 3 for 4 steps: checkpoints 4, 6, 7
+    assert result["metrics"]["paper_squad/checkpoint_step"] in (4.0, 6.0, 7.0)
     with open(tmp_path / "abl" / "table6" / "rate10" / "pretrain" / "config.json") as f:
         assert json.load(f)["data"]["mixture_or_task"] == "c4_iid_denoising_rate10"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from t5lite.ablations.plan import Stage, check_tasks, get_scale, plan_row
+from t5lite.ablations.plan import Stage, check_tasks, get_scale, row_training_stages
 from t5lite.ablations.tables import Table, as_table
 from t5lite.errors import UserError
 from t5lite.monitor import flops as flops_lib
@@ -48,7 +48,7 @@ def _chip_seconds(table: Table, row_name: str, stages: list[Stage], topology: st
                             f"{topology} ({report.get('bytes_per_chip', {}).get('total')} "
                             f"bytes per chip); try a larger topology or --set "
                             "mesh / remat settings.")
-        seconds += (st.cfg.train.steps * float(report["est_step_seconds"])
+        seconds += ((st.cfg.train.steps - st.start) * float(report["est_step_seconds"])
                     * int(report["chips"]))
     return seconds
 
@@ -81,10 +81,9 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
     check_tasks(tasks)
     cache, out = {}, {}
     for row in selected:
-        pre, fts = plan_row(table, row, "/estimate", tasks, scale, overrides)
-        stages = ([pre] if pre else []) + ([] if row.multitask else fts)
-        steps = sum(st.cfg.train.steps for st in stages) * seeds
-        tokens = sum(st.cfg.train.steps * flops_lib.tokens_per_step(st.cfg)
+        stages = row_training_stages(table, row, "/estimate", tasks, scale, overrides)
+        steps = sum(st.cfg.train.steps - st.start for st in stages) * seeds
+        tokens = sum((st.cfg.train.steps - st.start) * flops_lib.tokens_per_step(st.cfg)
                      for st in stages) * seeds
         entry = {"steps": steps, "tokens": tokens}
         if topology:

@@ -104,6 +104,9 @@ class Scale:
     # choose the best checkpoint per task by evaluating every kept checkpoint (the paper);
     # False: the finetuning run's best params by eval.best_metric
     per_task_checkpoints: bool = False
+    # finetuning continues the pretraining run: its step count and optimizer state
+    # (checkpoint.init_state), for its own train.steps more (T5's finetune)
+    continue_pretraining: bool = False
 
 
 _T5_BASE = ("model.d_model=768", "model.num_heads=12", "model.head_dim=64", "model.d_ff=3072",
@@ -139,17 +142,24 @@ SCALES = {
     # 2^19 steps of pretraining (inverse square root LR, 10^4 warmup) and 2^18 of finetuning
     # (constant LR 1e-3) on 128 packed length-512 sequences, checkpoints every 5,000 steps and
     # the best one per task on the validation split, which is what the paper reports.
+    # Finetuning continues the pretraining run as T5's did (t5/models/mtf_model.py finetune
+    # trains to pretrained step + finetune steps from init_checkpoint, which mesh_tensorflow
+    # restores with every variable the graph shares with it: the global step and Adafactor's
+    # accumulators; t5x's finetune.gin restores the whole train state likewise): from step 2^19
+    # with the pretraining run's optimizer state to 2^19 + 2^18, at a constant 1e-3
+    # (T5's constant_0_001.gin). The tiny and small scales start finetuning afresh.
     "paper": Scale(
         pretrain=_T5_BASE + (f"train.steps={PAPER_PRETRAIN_STEPS}", "optim.warmup_steps=10000",
                              "train.prepare_data=()",
                              "data.feature_lengths={'inputs': 512, 'targets': 114}",
                              "checkpoint.every_steps=5000", "train.eval_every=5000"),
         finetune=_T5_BASE + (f"train.steps={PAPER_FINETUNE_STEPS}", "optim.learning_rate=1e-3",
+                             "optim.schedule=constant", "optim.warmup_steps=0",
                              "data.feature_lengths={'inputs': 512, 'targets': 512}",
                              "data.pack=True", "eval.every_steps=0", "eval.max_examples=0",
                              "checkpoint.every_steps=5000", "checkpoint.keep=1000"),
         tasks=PAPER_TASKS, renames=(("corpus_", "c4_"), ("multitask_", "paper_multitask_")),
-        report_split="validation", per_task_checkpoints=True),
+        report_split="validation", per_task_checkpoints=True, continue_pretraining=True),
 }
 
 # The paper's baseline objective (Section 3.1.4): i.i.d. 15% corruption, each corrupted span

@@ -23,6 +23,8 @@ class Stage:
     overrides: list  # plain key=value, exactly what `t5lite train --set` gets
     cfg: config_lib.Config
     task: str = ""  # finetune: the downstream task
+    source: Optional["Stage"] = None  # leave-one-out: the finetuning's own pretraining stage
+    start: int = 0  # the step training starts at (a continued pretraining run's last step)
 
     def command(self) -> str:
         cfg = self.config if self.config.endswith(".py") else f"configs/{self.config}.py"
@@ -83,7 +85,102 @@ def plan_row(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: 
         extra += [f"train.steps={cfg.train.steps + ft_steps}", "checkpoint.keep=100000"]
     if extra:
         plain, cfg = resolve(table.pretrain_config, layers + extra)
-    return Stage("pretrain", table.pretrain_config, pre_dir, plain, cfg), stages
+    return _finish(table, row, settings, layers + extra,
+                   Stage("pretrain", table.pretrain_config, pre_dir, plain, cfg), stages)
+
+
+def _finish(table: Table, row: Row, settings: Scale, layers: list, pre: Stage,
+            stages: list) -> tuple[Optional[Stage], list[Stage]]:
+    """A pretraining row's last steps: a finetuned row whose pretraining mixes in the
+    downstream tasks gets their lengths; leave-one-out pretrains per task; the scale may
+    continue the pretraining run into each finetuning (T5's finetune)."""
+    if not row.multitask and pre.cfg.data.mixture_or_task.startswith(_MULTITASK_PREFIXES):
+        layers = layers + [_mixture_lengths(pre.cfg, stages)]
+        plain, cfg = resolve(table.pretrain_config, layers)
+        pre = dataclasses.replace(pre, overrides=plain, cfg=cfg)
+    if row.leave_one_out:
+        stages = [_leave_one_out(table, layers, pre, ft) for ft in stages]
+    if settings.continue_pretraining and not row.multitask:
+        stages = [_continue_pretraining(ft, ft.source or pre) for ft in stages]
+    return (None if row.leave_one_out else pre), stages
+
+
+_MULTITASK_PREFIXES = ("multitask_", "paper_multitask_")
+
+
+def _mixture_lengths(cfg, stages: list) -> str:
+    """One mixture has one length per feature: none shorter than a task's own finetuning."""
+    return "data.feature_lengths=" + repr({
+        k: max([n] + [ft.cfg.data.feature_lengths.get(k, 0) for ft in stages])
+        for k, n in cfg.data.feature_lengths.items()})
+
+
+def _with(stage: Stage, extra: list) -> Stage:
+    """The stage with more overrides (resolved again from its plain ones)."""
+    plain, cfg = resolve(stage.config, stage.overrides + extra)
+    return dataclasses.replace(stage, overrides=plain, cfg=cfg)
+
+
+def _leave_one_out(table: Table, layers: list, pre: Stage, ft: Stage) -> Stage:
+    """The paper's leave-one-out: pretrain on the mixture without ft's task, finetune on it."""
+    workdir = join_path(pre.workdir.rsplit("/", 1)[0], f"pretrain_without_{ft.task}")
+    mixture = f"{pre.cfg.data.mixture_or_task}_without_{ft.task}"
+    plain, cfg = resolve(table.pretrain_config, layers + [f"data.mixture_or_task={mixture}"])
+    source = Stage("pretrain", table.pretrain_config, workdir, plain, cfg, ft.task)
+    return dataclasses.replace(_with(ft, [f"checkpoint.init_from={workdir}"]), source=source)
+
+
+def _continue_pretraining(ft: Stage, pre: Stage) -> Stage:
+    """Finetuning from the pretraining run's step count and optimizer state, for its own
+    train.steps more (train.steps then counts both)."""
+    return dataclasses.replace(_with(ft, [
+        "checkpoint.init_state=True", f"train.steps={pre.cfg.train.steps + ft.cfg.train.steps}"]),
+        start=pre.cfg.train.steps)
+
+
+def training_stages(pre: Optional[Stage], fts: list, row: Row) -> list[Stage]:
+    """The stages a row trains, in order: its pretraining, then per task that task's own
+    pretraining (leave-one-out) and its finetuning (none for a multi-task row)."""
+    out = [pre] if pre else []
+    for ft in fts:
+        out += ([ft.source] if ft.source else []) + ([] if row.multitask else [ft])
+    return out
+
+
+def row_training_stages(table: Table, row: Row, workdir: str, tasks: Sequence[str],
+                        scale: str = "tiny", overrides: Sequence[str] = (), seed: int = 0
+                        ) -> list[Stage]:
+    """Every stage a row trains for one seed, in order (an ensemble's members included)."""
+    if not row.ensemble:
+        pre, fts = plan_row(table, row, workdir, tasks, scale, overrides, seed)
+        return training_stages(pre, fts, row)
+    shared, members = plan_members(table, row, workdir, tasks, scale, overrides, seed)
+    return ([shared] if shared else []) + [st for pre, fts in members
+                                           for st in training_stages(pre, fts, row)]
+
+
+def plan_members(table: Table, row: Row, workdir: str, tasks: Sequence[str],
+                 scale: str = "tiny", overrides: Sequence[str] = (), seed: int = 0
+                 ) -> tuple[Optional[Stage], list[tuple[Optional[Stage], list[Stage]]]]:
+    """An ensemble row: (the pretraining its members share, or None; per member (its own
+    pretraining or None, its finetunings)), members in WORKDIR/<table>/<row>[/seed<k>]/
+    member<m>. Member m of seed k trains with seed k * members + m (member 0 of seed 0 is the
+    baseline's run); with shared_pretraining all finetune from the row's one pretraining."""
+    shared = (plan_row(table, row, workdir, tasks, scale, overrides, seed)[0]
+              if row.shared_pretraining else None)
+    members = []
+    for m in range(row.ensemble):
+        s = seed * row.ensemble + m
+        member = dataclasses.replace(
+            row, name=f"{row.name}{f'/seed{seed}' if seed else ''}/member{m}", ensemble=0)
+        seeds = [f"finetune.train.seed={s}", f"finetune.data.seed={s}"] + (
+            [] if shared else [f"pretrain.train.seed={s}", f"pretrain.data.seed={s}"])
+        pre, fts = plan_row(table, member, workdir, tasks, scale, list(overrides) + seeds)
+        if shared:
+            pre, fts = None, [_with(ft, [f"checkpoint.init_from={shared.workdir}"])
+                              for ft in fts]
+        members.append((pre, fts))
+    return shared, members
 
 
 def per_checkpoint_selection(scale: str, row: Row) -> bool:

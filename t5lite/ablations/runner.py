@@ -9,11 +9,13 @@ import time
 from typing import Optional, Sequence
 
 from t5lite import config as config_lib
+from t5lite.ablations import ensembles
 from t5lite.ablations.files import join_path, read_json, row_dir, write_json
 from t5lite.ablations.paper import DOWNSTREAM
 from t5lite.ablations.plan import (Stage, check_tasks, eval_checkpoint, eval_command_line,
                                    eval_overrides, eval_tasks, get_scale,
-                                   per_checkpoint_selection, plan_row)
+                                   per_checkpoint_selection, plan_members, plan_row,
+                                   row_training_stages, training_stages)
 from t5lite.ablations.rendering import render, write_table
 from t5lite.ablations.tables import Row, Table, as_table
 from t5lite.errors import UserError
@@ -171,6 +173,26 @@ def summarize(runs: dict) -> tuple[dict, dict]:
     return mean, std
 
 
+def _plan_seed(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: str,
+               overrides: Sequence[str], seed: int, per_checkpoint: bool):
+    """-> (the stages to train, the evaluation lines of a dry run, a function that tests the
+    trained stages -> metrics); an ensemble row's members are tested together."""
+    if row.ensemble:
+        stages = row_training_stages(table, row, workdir, tasks, scale, overrides, seed)
+        _, members = plan_members(table, row, workdir, tasks, scale, overrides, seed)
+        by_task = [[fts[i] for _, fts in members] for i in range(len(tasks))]
+        lines = [ensembles.eval_line(fts, scale, per_checkpoint) for fts in by_task]
+        path = row_dir(workdir, table, row, seed)
+        return stages, lines, lambda: {
+            k: v for fts in by_task for k, v in benchmark_average(
+                fts[0].task, ensembles.test(path, fts, scale, per_checkpoint)).items()}
+    pre, fts = plan_row(table, row, workdir, tasks, scale, overrides, seed)
+    lines = [eval_command_line(pre, ft, row.multitask, scale, per_checkpoint) for ft in fts]
+    return training_stages(pre, fts, row), lines, lambda: {
+        k: v for ft in fts for k, v in _test(pre, ft, row.multitask, scale,
+                                             per_checkpoint).items()}
+
+
 def _run_seeds(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: str,
                overrides: Sequence[str], dry_run: bool, seeds: int) -> tuple[dict, dict, list]:
     """Train and test the row once per seed (dry_run: print the commands instead); -> (runs
@@ -178,23 +200,19 @@ def _run_seeds(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale
     per_checkpoint = per_checkpoint_selection(scale, row)
     runs, seconds, commands = {}, {}, []
     for seed in range(seeds):
-        pre, fts = plan_row(table, row, workdir, tasks, scale, overrides, seed)
-        stages = ([pre] if pre else []) + ([] if row.multitask else fts)
+        stages, lines, test = _plan_seed(table, row, workdir, tasks, scale, overrides, seed,
+                                         per_checkpoint)
         commands += [st.command() for st in stages]
         if dry_run:
-            print("\n".join([st.command() for st in stages]
-                            + [eval_command_line(pre, ft, row.multitask, scale, per_checkpoint)
-                               for ft in fts]), flush=True)
+            print("\n".join([st.command() for st in stages] + lines), flush=True)
             continue
+        row_path = row_dir(workdir, table, row, seed)
         for st in stages:
-            key = "pretrain" if st.kind == "pretrain" else f"finetune_{st.task}"
+            key = st.workdir[len(row_path) + 1:]  # pretrain, finetune_<task>, member0/...
             t = _train(st)
             if t:
                 seconds[f"{key}@{seed}" if seed else key] = t
-        metrics = {}
-        for ft in fts:
-            metrics.update(_test(pre, ft, row.multitask, scale, per_checkpoint))
-        runs[str(seed)] = metrics
+        runs[str(seed)] = test()
     return runs, seconds, commands
 
 

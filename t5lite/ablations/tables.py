@@ -24,6 +24,13 @@ class Row:
     both: tuple = ()  # overrides of both stages (the model: architecture, sizes, ...)
     multitask: bool = False  # no finetuning: evaluate the pretrained (multi-task) params
     pretrained: bool = True  # False: finetune from random params (the paper's Table 1 row)
+    # Table 12: pretrain once per downstream task, on the row's pretraining mixture without
+    # that task (<mixture>_without_<task>), then finetune on it
+    leave_one_out: bool = False
+    # Table 13: this many members, each pretrained and finetuned with its own seed (or, with
+    # shared_pretraining, finetuned from one pretrained model), evaluated as one ensemble
+    ensemble: int = 0
+    shared_pretraining: bool = False
     paper: Optional[tuple] = None  # the paper's numbers, one per PAPER_COLUMNS (None = unknown)
 
 
@@ -50,6 +57,9 @@ class Table:
             if r.paper is not None and len(r.paper) != len(PAPER_COLUMNS):
                 raise UserError(f"{self.name}/{r.name}: paper numbers need one per column "
                                 f"{PAPER_COLUMNS}")
+            if (r.leave_one_out or r.ensemble) and (r.multitask or not r.pretrained):
+                raise UserError(f"{self.name}/{r.name}: leave-one-out and ensemble rows "
+                                "pretrain and finetune (not multitask, not pretrained=False)")
             if len(r.label) != len(self.label_columns):
                 raise UserError(f"{self.name}/{r.name}: label {r.label} needs "
                                 f"{len(self.label_columns)} entries ({self.label_columns})")

@@ -385,6 +385,18 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     return cfg, peft.build_model(cfg.model), params
 
 
+def load_ensemble(checkpoints: Sequence[str], overrides: Sequence[str] = ()):
+    """-> (the first member's cfg with overrides applied, model, decoding.Ensemble of every
+    member's params): members of one model config, decoded with the mean of their logits."""
+    loaded = [load(c, overrides) for c in checkpoints]
+    cfg, model, _ = loaded[0]
+    for c, (other, _, _) in zip(checkpoints[1:], loaded[1:]):
+        if other.model != cfg.model:
+            raise UserError(f"{c} has another model config than {checkpoints[0]}: an "
+                            "ensemble's members must share model.* (architecture and sizes).")
+    return cfg, model, decoding.ensemble([params for _, _, params in loaded])
+
+
 def io_vocabularies(cfg):
     """-> (input vocabulary, output vocabulary, whether inputs end with EOS) of the
     checkpoint's task (or cfg.eval.vocabulary for both)."""
