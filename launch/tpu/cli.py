@@ -191,7 +191,7 @@ def check_routes(args) -> None:
         if args.subcommand == "supervise":
             raise LaunchError(f"--no-external-ip: VMs without external IPs cannot be reached "
                               f"over their external IP: {fix}.")
-        note(f"--no-external-ip: later verbs need --internal-ip or --tunnel-through-iap; the "
+        note("--no-external-ip: later verbs need --internal-ip or --tunnel-through-iap; the "
              "VMs reach registries (setup) only through Cloud NAT")
 
 

@@ -16,10 +16,10 @@ import re
 
 
 def marker_path(args) -> str:
+    """One per TPU name: `stop-job NAME` typed without the --zone / --project that supervise
+    was given (gcloud's defaults) must still reach it."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    key = "_".join(re.sub(r"[^A-Za-z0-9.-]", "-", part or "default")
-                   for part in (args.project, args.zone, args.name))
-    return os.path.join(base, "t5lite-tpu", key + ".stop")
+    return os.path.join(base, "t5lite-tpu", re.sub(r"[^A-Za-z0-9.-]", "-", args.name) + ".stop")
 
 
 def mark_stopped(args, verb: str) -> None:

@@ -92,8 +92,8 @@ def wait_node_ready(cloud: Cloud, args) -> bool:
 
 def prepare(cloud: Cloud, args, queued: bool, first: bool) -> Node:
     """The slice READY and set up; a CloudError names the step that failed."""
+    fresh = ensure_slice(cloud, args, queued, first)
     try:
-        fresh = ensure_slice(cloud, args, queued, first)
         node = require_node(cloud, args)
     except LaunchError as e:  # not READY (preempted again, still starting): try again
         raise CloudError(f"the slice: {e}") from None
