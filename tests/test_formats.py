@@ -122,6 +122,13 @@ def test_superglue_from_official_jsonl(vocab, tmp_path):
                  "choice2": "He sang.", "question": "cause", "label": 0, "idx": 0},
         "RTE": {"premise": "A is B.", "hypothesis": "B is A.", "label": "not_entailment",
                 "idx": 0},
+        # the official MultiRC line: a passage, its questions, their answer options
+        "MultiRC": {"idx": 4, "version": 1.1, "passage": {"text": "Tom has a car.", "questions": [
+            {"question": "What has Tom?", "idx": 6, "answers": [
+                {"text": "a car", "idx": 8, "label": 1}, {"text": "a cat", "idx": 9,
+                                                          "label": 0}]}]}},
+        "WSC": {"text": "Mark told Pete he was late.", "idx": 0, "label": False, "target": {
+            "span1_text": "Mark", "span1_index": 0, "span2_text": "he", "span2_index": 3}},
     }
     for d, rec in recs.items():
         for name in ("train.jsonl", "val.jsonl"):
@@ -136,6 +143,13 @@ def test_superglue_from_official_jsonl(vocab, tmp_path):
         "question: cause", "choice1")
     assert _first("super_glue_rte")[0][:2] == (
         "rte hypothesis: B is A. premise: A is B.", "not_entailment")
+    multirc = _first("super_glue_multirc", n=2)
+    assert [m[:2] for m in multirc] == [
+        ("multirc question: What has Tom? answer: a car paragraph: Tom has a car.", "True"),
+        ("multirc question: What has Tom? answer: a cat paragraph: Tom has a car.", "False")]
+    assert [int(multirc[1][2][f"idx/{k}"]) for k in ("paragraph", "question", "answer")] == [
+        4, 6, 9]
+    assert _first("super_glue_wsc")[0][1] == "False"
     fns = seqio.get_mixture_or_task("super_glue_cb").metric_fns
     assert {k for fn in fns for k in fn([0, 1, 2], [0, 1, 1])} == {"accuracy", "mean_3class_f1"}
 

@@ -189,16 +189,18 @@ def read_glue_tsv(path: str, benchmark: Benchmark) -> list[dict]:
 
 
 def read_superglue_jsonl(path: str, benchmark: Benchmark) -> list[dict]:
+    """An official SuperGLUE jsonl file -> TFDS-style dicts (superglue.official_records)."""
     out = []
     with open(_check(path), encoding="utf-8") as f:
         for i, line in enumerate(f):
-            rec = json.loads(line)
-            ex = {k: str(rec[k]) for k in benchmark.features}
-            label = rec["label"]
-            ex["label"] = (benchmark.file_labels.index(label) if benchmark.file_labels
-                           else int(label))
-            ex["idx"] = int(rec.get("idx", i))
-            out.append(ex)
+            for rec in superglue.official_records(json.loads(line)):
+                ex = {k: str(rec[k]) for k in benchmark.features}
+                label = rec["label"]
+                ex["label"] = (benchmark.file_labels.index(label) if benchmark.file_labels
+                               else int(label))
+                idx = rec.get("idx", i)
+                ex["idx"] = idx if isinstance(idx, dict) else int(idx)
+                out.append(ex)
     return out
 
 
@@ -238,6 +240,9 @@ def _records_source(split_to_reader: Mapping[str, Callable[[], list[dict]]]):
         if not records:
             raise UserError(f"no examples in the {split} split.")
         columns = {k: [r[k] for r in records] for k in records[0]}
+        for k, v in columns.items():  # a dict per record (MultiRC's idx) -> a dict of columns
+            if isinstance(v[0], dict):
+                columns[k] = {kk: [x[kk] for x in v] for kk in v[0]}
         if "answers" in columns:  # variable number of answers: ragged -> keep as ragged
             columns["answers"] = tf.ragged.constant(columns["answers"])
         return tf.data.Dataset.from_tensor_slices(columns)
@@ -466,8 +471,8 @@ def register_paper_task(name: str, vocabulary: Union[str, seqio.Vocabulary],
 def register_paper_tasks(vocabulary: Union[str, seqio.Vocabulary] = "t5") -> list[str]:
     """The T5 paper's benchmarks from TFDS with the ``t5`` vocabulary (names in PAPER_TASKS):
     paper_glue_<task> and the mixture paper_glue, paper_super_glue_<task> (all eight, WSC's
-    training half and DPR) and paper_super_glue, paper_squad, paper_cnn_dailymail, paper_wmt_{ende,enfr,enro}, as
-    task_catalog lists them. Nothing is read until a dataset is built."""
+    training half and DPR) and paper_super_glue, paper_squad, paper_cnn_dailymail,
+    paper_wmt_{ende,enfr,enro}, as task_catalog lists them. Nothing is read until a dataset is built."""
     for spec in task_catalog.task_specs():
         if spec.recipe == "benchmark":
             register_paper_task(spec.name, vocabulary, spec.metrics)

@@ -85,3 +85,18 @@ def record_text(dataset):
                 "idx/passage": tf.fill([n], tf.cast(x["idx"]["passage"], tf.int32)),
                 "idx/query": tf.fill([n], tf.cast(x["idx"]["query"], tf.int32))}
     return dataset.map(fmt).unbatch()
+
+
+def official_records(rec: dict) -> list[dict]:
+    """One line of an official SuperGLUE jsonl file -> its TFDS-style examples: a MultiRC
+    passage with its questions and answer options -> one example per option, indexed by
+    paragraph / question / answer (TFDS's "idx"); WSC's "target" spans -> top-level keys.
+    Any other task's line is its one example."""
+    if "passage" in rec and isinstance(rec["passage"], dict) and "questions" in rec["passage"]:
+        return [{"paragraph": rec["passage"]["text"], "question": q["question"],
+                 "answer": a["text"], "label": a["label"],
+                 "idx": {"paragraph": rec["idx"], "question": q["idx"], "answer": a["idx"]}}
+                for q in rec["passage"]["questions"] for a in q["answers"]]
+    if "target" in rec:
+        return [{**{k: v for k, v in rec.items() if k != "target"}, **rec["target"]}]
+    return [rec]
