@@ -789,6 +789,20 @@ def test_tpu_stop_job_under_supervise_is_a_stop(tmp_path):
     assert r.returncode == 0 and "earlier stop (stop-job at" in r.stderr, r.stderr
 
 
+def test_tpu_stop_while_supervise_waits_for_capacity(tmp_path):
+    cloud = FakeCloud(tmp_path, qr_plan=["WAITING_FOR_RESOURCES"] * 10_000)
+    proc = cloud.start("supervise", "pod", *Z, "--accelerator-type=v4-16", *SUPERVISE)
+    deadline = time.monotonic() + 60
+    while not any("create" in c for c in cloud.calls(clear=False)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    r = cloud.run("stop-job", "pod", *Z)  # no VM yet to stop a job on, but supervise stops
+    assert r.returncode == 2 and "no TPU VM named pod" in r.stderr
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "supervise: stopped (stop-job at" in err, out + err
+    assert cloud.state("queued")["pod"]["state"] == "WAITING_FOR_RESOURCES"
+
+
 @pytest.mark.parametrize("elsewhere", [False, True])
 def test_tpu_delete_under_supervise_is_not_undone(tmp_path, elsewhere):
     """delete while supervise runs: here (the stop marker) or from another machine (no

@@ -221,10 +221,10 @@ def logs(cloud: Cloud, args) -> int:
 
 
 def stop_job(cloud: Cloud, args) -> int:
+    if not cloud.dry:  # first: a supervise of this TPU (even one still waiting for capacity)
+        mark_stopped(args, "stop-job")  # must not take the stop for a preemption
     node = require_node(cloud, args)
     check_ssh_agent(0 if cloud.dry else node.workers)
-    if not cloud.dry:  # a supervise of this TPU must not take the stop for a preemption
-        mark_stopped(args, "stop-job")
     rc = cloud.run(cloud.ssh_cmd(f"{JOB} stop --grace {args.grace}"))
     if not cloud.dry:
         note(f"training stopped (its last checkpoint and logs are saved); {args.name} is "

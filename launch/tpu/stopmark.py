@@ -15,6 +15,10 @@ import os
 import re
 
 
+class Stopped(Exception):
+    """A stop was asked for (or the slice was deleted): supervise ends without restarting."""
+
+
 def marker_path(args) -> str:
     """One per TPU name: `stop-job NAME` typed without the --zone / --project that supervise
     was given (gcloud's defaults) must still reach it."""

@@ -19,15 +19,11 @@ from .messages import CloudError, LaunchError, note, verb_line
 from .preflight import check_bucket
 from .retry import Backoff, failure_kind, tries_for
 from .slices import parse_accelerator_type
-from .stopmark import clear_stop, stop_requested
+from .stopmark import Stopped, clear_stop, stop_requested
 from .vm import create, delete_resource, node_lost, require_node, use_queued, wait_active
 from .worker_setup import setup, setup_done
 
 WAITING = ("ACCEPTED", "CREATING", "PROVISIONING", "WAITING_FOR_RESOURCES")
-
-
-class Stopped(Exception):
-    """A stop was asked for (or the slice was deleted): end supervise without restarting."""
 
 
 def slice_lost(cloud: Cloud, args, queued: bool) -> str:
@@ -64,7 +60,7 @@ def ensure_slice(cloud: Cloud, args, queued: bool, first: bool) -> bool:
     qr = cloud.queued_resource() if queued else None
     state = qr_state(qr)[0] if qr else "NOT_FOUND"
     if queued and state in WAITING:
-        wait_active(cloud, args)
+        wait_active(cloud, args, stoppable=True)
         return True
     while queued and state == "DELETING":  # a delete from before this supervise
         time.sleep(args.poll_seconds)
@@ -78,7 +74,7 @@ def ensure_slice(cloud: Cloud, args, queued: bool, first: bool) -> bool:
     if qr is not None or node is not None:
         note(f"supervise: {why}: deleting it to create it again")
         delete_resource(cloud, args, "queued" if queued else "tpu-vm")
-    create(cloud, args)
+    create(cloud, args, stoppable=True)
     return True
 
 

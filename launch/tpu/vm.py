@@ -9,7 +9,7 @@ from .gcloud import Cloud, Node, check_ssh_agent, last_lines, qr_state
 from .layout import JOB, REMOTE_DIR
 from .messages import CloudError, LaunchError, note, verb_line, where_text
 from .slices import SliceType, parse_accelerator_type
-from .stopmark import mark_stopped
+from .stopmark import Stopped, mark_stopped, stop_requested
 
 ALPHA_HINT = ("--best-effort runs `gcloud alpha`, which needs gcloud's alpha component: "
               "`gcloud components install alpha` (or the google-cloud-cli-alpha package).")
@@ -77,8 +77,9 @@ def use_queued(args, st: SliceType) -> bool:
     return (st.hosts > 1 or args.spot) if args.queued is None else args.queued
 
 
-def wait_active(cloud: Cloud, args) -> None:
-    """Poll the queued resource until ACTIVE (its TPU VMs exist), with a progress line."""
+def wait_active(cloud: Cloud, args, stoppable: bool = False) -> None:
+    """Poll the queued resource until ACTIVE (its TPU VMs exist), with a progress line;
+    `stoppable` (supervise): a stop marker ends the wait (Stopped)."""
     if cloud.dry:
         note(f"(dry run) then poll `gcloud compute tpus queued-resources describe {args.name}` "
              "until ACTIVE")
@@ -104,6 +105,8 @@ def wait_active(cloud: Cloud, args) -> None:
             raise CloudError(f"queued resource {args.name} is still {state} after "
                              f"{_duration(waited)}; it stays queued: run `create` again to keep "
                              f"waiting, `status` to look, or `delete` to give up.")
+        if stoppable and stop_requested(args):
+            raise Stopped(stop_requested(args))
         time.sleep(args.poll_seconds)
 
 
@@ -124,7 +127,7 @@ def create_command(cloud: Cloud, args, st: SliceType, queued: bool) -> list[str]
                       f"--version={runtime}") + cloud.where() + opts)
 
 
-def create(cloud: Cloud, args) -> None:
+def create(cloud: Cloud, args, stoppable: bool = False) -> None:
     if not args.accelerator_type:
         raise LaunchError("create needs --accelerator-type (e.g. v4-8, v5p-32, v5litepod-16).")
     st = parse_accelerator_type(args.accelerator_type)
@@ -143,13 +146,13 @@ def create(cloud: Cloud, args) -> None:
     if exists is not None:
         state = qr_state(exists)[0] if queued else exists.state
         if queued and state in ("FAILED", "SUSPENDED", "SUSPENDING"):
-            wait_active(cloud, args)  # raises with gcloud's reason
+            wait_active(cloud, args, stoppable)  # raises with gcloud's reason
         note(f"{args.name} exists already ({state}): not creating it again")
     elif cloud.run(create_command(cloud, args, st, queued)) != 0:
         raise CloudError(f"creating {args.name} failed: {last_lines(cloud.last_error)}"
                          + (" " + ALPHA_HINT if args.best_effort else ""))
     if queued:
-        wait_active(cloud, args)
+        wait_active(cloud, args, stoppable)
     elif not cloud.dry and exists is not None and exists.state != "READY":
         raise LaunchError(f"TPU VM {args.name} is {exists.state}: `delete` it and create again.")
 
