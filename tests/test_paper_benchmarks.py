@@ -29,7 +29,7 @@ TINY = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_f
         "model.dtype=float32", "data.batch_size=8", "optim.warmup_steps=1",
         "train.log_every=1", "train.eval_steps=1", "eval.batch_size=8",
         "pretrain.data.feature_lengths={'inputs': 32, 'targets': 16}",
-        "pretrain.checkpoint.every_steps=1", "pretrain.train.eval_every=0",
+        "pretrain.train.eval_every=0",
         "finetune.data.feature_lengths={'inputs': 32, 'targets': 16}",
         "finetune.train.steps=2", "finetune.checkpoint.every_steps=2",
         "finetune.decode.max_length=4"]
@@ -165,8 +165,7 @@ def test_multitask_mixtures_resolve_and_a_row_runs(paper_tfds, tmp_path):
     (result,) = ablations.run("table11", str(tmp_path), rows=["k16"], tasks=["glue"],
                               scale="paper", overrides=TINY + [
                                   "pretrain.train.steps=1", "finetune.train.steps=1",
-                                  "pretrain.data.feature_lengths={'inputs': 32, 'targets': 16}"
-                              ]).values()
+                                  "pretrain.checkpoint.every_steps=2"]).values()
     missing = _expected_metric_keys("glue") - set(result["metrics"])
     assert not missing, sorted(missing)
 
@@ -190,3 +189,12 @@ def test_paper_dry_run_names_real_tasks_and_splits(data_dir, capsys):
     assert "--task paper_glue_mnli " not in out
     for mixture in re.findall(r"--set data\.mixture_or_task=(\S+)", out):
         seqio.get_mixture_or_task(mixture)
+
+
+def test_a_split_a_benchmark_lacks_is_refused_before_training(data_dir, tmp_path):
+    """SQuAD (TFDS) has no test split: a scale that reports test refuses it at once."""
+    from t5lite.errors import UserError
+    with pytest.raises(UserError, match="paper_squad has no test split"):
+        ablations.run("table2", str(tmp_path), rows=["no_pretraining"], tasks=["squad"],
+                      scale="small")
+    assert not list(tmp_path.iterdir())

@@ -46,6 +46,24 @@ def check_tasks(tasks: Sequence[str]) -> None:
                             + f" Known: {', '.join(DOWNSTREAM)}.")
 
 
+def check_splits(tasks: Sequence[str], scale: str) -> None:
+    """UserError, before anything trains, for a downstream task whose evaluated tasks lack the
+    split the scale reports or the validation split its checkpoints are chosen on (TFDS's
+    SQuAD has no test split)."""
+    import seqio
+    import t5lite.tasks  # noqa: F401  (registers the built-in tasks)
+    report = get_scale(scale).report_split
+    for task in tasks:
+        for name in eval_tasks(task):
+            have = list(seqio.get_mixture_or_task(name).splits)
+            for split in dict.fromkeys((report, "validation")):
+                if split not in have:
+                    raise UserError(
+                        f"--tasks {task}: {name} has no {split} split (only {', '.join(have)}),"
+                        f" which --scale {scale} needs; pick a scale that reports validation "
+                        "(--scale paper) or another task.")
+
+
 def _seed_overrides(seed: int) -> list:
     return [f"train.seed={seed}", f"data.seed={seed}"] if seed else []
 

@@ -12,8 +12,8 @@ from t5lite import config as config_lib
 from t5lite.ablations import ensembles
 from t5lite.ablations.files import join_path, read_json, row_dir, write_json
 from t5lite.ablations.paper import DOWNSTREAM
-from t5lite.ablations.plan import (Stage, check_tasks, eval_checkpoint, eval_command_line,
-                                   eval_overrides, eval_tasks, get_scale,
+from t5lite.ablations.plan import (Stage, check_splits, check_tasks, eval_checkpoint,
+                                   eval_command_line, eval_overrides, eval_tasks, get_scale,
                                    per_checkpoint_selection, plan_members, plan_row,
                                    row_training_stages, training_stages)
 from t5lite.ablations.rendering import render, write_table
@@ -251,6 +251,7 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     settings = get_scale(scale)
     tasks = tuple(tasks) or settings.tasks or table.tasks
     check_tasks(tasks)
+    check_splits(tasks, scale)
     results = {}
     from t5lite.monitor import progress  # rows done / to do (a bar, or plain lines in a log file)
     for row in progress.bar(selected, desc=f"ablate {table.name}", unit="row",
