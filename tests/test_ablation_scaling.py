@@ -266,3 +266,28 @@ def test_table13_ensembles_train_members_and_evaluate_them_together(scale, capsy
     pre, ft = (150, 150) if scale == "tiny" else (2 ** 19, 2 ** 18)  # steps trained
     assert got["ensemble4x"]["steps"] == 4 * (pre + ft)
     assert got["ensemble4x_finetune_only"]["steps"] == pre + 4 * ft
+
+
+@pytest.mark.slow
+def test_ensemble_row_end_to_end(data_dir, tmp_path, monkeypatch):
+    """Table 13's fine-tune-only ensemble for a few steps of a small model: one pretraining,
+    two finetunings, the ensemble tested on sentiment and recorded (--runslow; ~1 min)."""
+    import dataclasses
+    from t5lite import ablations
+    from test_ablations import SMALL
+    monkeypatch.setitem(ablations.SCALES, "test", ablations.Scale(
+        pretrain=("train.steps=2", "checkpoint.every_steps=2", "train.eval_steps=0",
+                  "data.batch_size=8", "data.feature_lengths={'inputs': 32, 'targets': 16}"),
+        finetune=("train.steps=2", "checkpoint.every_steps=2", "eval.every_steps=2",
+                  "train.eval_steps=0", "data.batch_size=8", "eval.max_examples=8")))
+    table = ablations.load_table("table13")
+    two = dataclasses.replace(table.row("ensemble4x_finetune_only"), ensemble=2)
+    table = dataclasses.replace(table, rows=(table.row("baseline"), two))
+    (result,) = ablations.run(table, str(tmp_path), rows=[two.name], scale="test",
+                              overrides=SMALL).values()
+    assert 0.0 <= result["metrics"]["sentiment/accuracy"] <= 100.0
+    assert set(result["seconds"]) == {"pretrain", "member0/finetune_sentiment",
+                                      "member1/finetune_sentiment"}
+    row = tmp_path / "table13" / two.name
+    assert (row / "ensemble_test_sentiment.json").exists()
+    assert "4× ensembled, fine-tune only" in (tmp_path / "table13" / "table.md").read_text()
