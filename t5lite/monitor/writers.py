@@ -42,6 +42,17 @@ def _summary_writer_cls():
     return SummaryWriter
 
 
+def _append(path: str, text: str) -> None:
+    """Append to a local file or a gs:// object (gcsfs would open "a" as "w" and drop every
+    earlier line: store/gcs.py appends by composing)."""
+    from t5lite.store import gcs
+    if gcs.is_gcs(path):
+        gcs.append(path, text.encode())
+        return
+    with epath.Path(path).open("a") as f:
+        f.write(text)
+
+
 class MetricsLogger:
     """One call per logged step; writes bar / TensorBoard / JSONL on process 0 only."""
 
@@ -84,8 +95,7 @@ class MetricsLogger:
             elif row_step <= step:
                 kept.append(line + "\n")
         if damaged:
-            with epath.Path(self.path + ".damaged").open("a") as f:
-                f.write("".join(damaged))
+            _append(self.path + ".damaged", "".join(damaged))
             print(f"t5lite: warning: {self.path}: {len(damaged)} unreadable line(s) (a torn "
                   f"write?) moved to {self.path}.damaged", flush=True)
         if "".join(kept) != text:
@@ -95,8 +105,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         scalars = {k: float(np.asarray(v)) for k, v in metrics.items()}
-        with epath.Path(self.path).open("a") as f:
-            f.write(json.dumps({"step": step, "split": prefix, **scalars}) + "\n")
+        _append(self.path, json.dumps({"step": step, "split": prefix, **scalars}) + "\n")
         for k, v in scalars.items():
             if math.isfinite(v):
                 self.tb.add_scalar(f"{prefix}/{k}", v, step)

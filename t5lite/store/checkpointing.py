@@ -17,6 +17,7 @@ checkpoint written on 8 devices restores on 1 or 2 (or a different mesh).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from etils import epath
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.monitor import progress
+from t5lite.store import gcs
 from t5lite.store.paths import abspath, write_atomic
 
 log = logging.getLogger("t5lite")
@@ -102,12 +104,14 @@ class Checkpointer:
 
     def save(self, step: int, state, data_iter=None) -> None:
         """Save `state` (a TrainState) at `step`; the caller checked it is finite."""
-        if data_iter is not None and hasattr(data_iter, "save_state"):
-            data_iter.save_state(os.path.join(self.data_dir, str(step)))
-        elif data_iter is not None and _is_tf_iterator(data_iter):
-            import tensorflow as tf
-            prefix = os.path.join(self.data_dir, str(step), f"process_{jax.process_index()}")
-            tf.train.Checkpoint(iterator=data_iter).write(prefix)
+        if data_iter is not None and has_data_state(data_iter):
+            with _data_state_dir(os.path.join(self.data_dir, str(step)), "w") as directory:
+                if hasattr(data_iter, "save_state"):
+                    data_iter.save_state(directory)
+                else:
+                    import tensorflow as tf
+                    prefix = os.path.join(directory, f"process_{jax.process_index()}")
+                    tf.train.Checkpoint(iterator=data_iter).write(prefix)
         self.manager.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             opt=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state})),
@@ -254,18 +258,27 @@ class Checkpointer:
 
     def restore_data(self, step: int, data_iter) -> None:
         """Raises when the step's data iterator state is missing or damaged."""
-        directory = os.path.join(self.data_dir, str(step))
-        if hasattr(data_iter, "restore_state"):
-            data_iter.restore_state(directory)
-            return
-        prefix = os.path.join(directory, f"process_{jax.process_index()}")
-        if not _is_tf_iterator(data_iter):
-            raise UserError("exact resume needs a tf.data iterator (from pipeline.get_dataset); "
-                            f"got {type(data_iter).__name__}")
-        if not epath.Path(prefix + ".index").exists():
-            raise FileNotFoundError(f"no data iterator state {prefix}.index")
-        import tensorflow as tf
-        tf.train.Checkpoint(iterator=data_iter).read(prefix).assert_consumed()
+        with _data_state_dir(os.path.join(self.data_dir, str(step)), "r") as directory:
+            if hasattr(data_iter, "restore_state"):
+                data_iter.restore_state(directory)
+                return
+            prefix = os.path.join(directory, f"process_{jax.process_index()}")
+            if not _is_tf_iterator(data_iter):
+                raise UserError("exact resume needs a tf.data iterator (from "
+                                f"pipeline.get_dataset); got {type(data_iter).__name__}")
+            if not epath.Path(prefix + ".index").exists():
+                raise FileNotFoundError(f"no data iterator state {prefix}.index")
+            import tensorflow as tf
+            tf.train.Checkpoint(iterator=data_iter).read(prefix).assert_consumed()
+
+
+def _data_state_dir(directory: str, mode: str):
+    """The folder a tf.data iterator state is written to ("w") or read from ("r"): itself when
+    local; on gs:// a local copy (TensorFlow's GCS filesystem honours no emulator setting, so
+    only epath touches the bucket: store/gcs.py)."""
+    if not gcs.is_gcs(directory):
+        return contextlib.nullcontext(directory)
+    return gcs.staged_upload(directory) if mode == "w" else gcs.staged_download(directory)
 
 
 # ---------------------------------------------------------------------- params-only dirs

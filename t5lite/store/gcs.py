@@ -111,8 +111,15 @@ def write_if(url, data: bytes, generation: int):
 
 def delete_if(url, generation: int) -> bool:
     """Delete the object only if it still has `generation`. -> whether it was deleted."""
+    b = blob(url)
     try:
-        blob(url).delete(if_generation_match=generation)
+        # GCS applies the precondition atomically; the check first keeps a server that ignores
+        # it on deletes (fake-gcs-server 1.54) from deleting another writer's object but for
+        # the moment between the two calls
+        b.reload()
+        if b.generation != generation:
+            return False
+        b.delete(if_generation_match=generation)
     except (_precondition_failed(), _not_found()):
         return False
     return True

@@ -37,7 +37,7 @@ def train_iterator(cfg, workdir: str):
     shards (the workdir's saved shard count wins), so its checkpointed state resumes on
     another process count (tasks/pipeline.py ShardedBatches)."""
     from t5lite.tasks import pipeline
-    num_shards = (pipeline.saved_num_shards(os.path.join(workdir, "data_state"))
+    num_shards = (_saved_num_shards(os.path.join(workdir, "data_state"))
                   or cfg.data.num_shards or jax.process_count())
 
     def make_dataset(shard_info, batch_size):
@@ -50,6 +50,17 @@ def train_iterator(cfg, workdir: str):
 
     return pipeline.ShardedBatches(make_dataset, num_shards, cfg.data.batch_size,
                                    jax.process_index(), jax.process_count())
+
+
+def _saved_num_shards(data_state_dir: str):
+    """pipeline.saved_num_shards, which reads only file names (through TensorFlow's
+    filesystem): on gs:// it reads a local tree of empty files with the bucket's names."""
+    from t5lite.store import gcs
+    from t5lite.tasks import pipeline
+    if not gcs.is_gcs(data_state_dir):
+        return pipeline.saved_num_shards(data_state_dir)
+    with gcs.staged_download(data_state_dir, names_only=True) as names:
+        return pipeline.saved_num_shards(names)
 
 
 def dataset_iterator(cfg, split: str, shuffle: bool, num_epochs=None):
