@@ -172,9 +172,12 @@ def supervise_loop(cloud: Cloud, args, queued: bool) -> int:
         node = retrying("getting the slice ready", lambda: prepare(cloud, args, queued, first),
                         args, backoff)
         first = False
-        out = run_job(cloud, args, node, detach=False,
-                      watch=lambda: slice_lost(cloud, args, queued) or (
-                          "stop asked" if stop_requested(args) else ""))
+        try:
+            out = run_job(cloud, args, node, detach=False,
+                          watch=lambda: slice_lost(cloud, args, queued) or (
+                              "stop asked" if stop_requested(args) else ""))
+        except CloudError as e:  # the --env copy failed: a restart retries it
+            out = Outcome("disconnected", 1, str(e))
         stop = stop_requested(args)
         if out.kind == "stopped" or stop:
             raise Stopped(out.detail if out.kind == "stopped" else stop)
