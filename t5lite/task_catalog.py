@@ -74,6 +74,18 @@ PAPER_MULTITASK_BASE = "c4_iid_denoising"
 C4_OBJECTIVES = ("span_corruption", "iid_denoising", "bert_denoising", "mass_denoising",
                  "drop_tokens", "deshuffling", "prefix_lm", "lm", "iid_denoising_lm"
                  ) + BART_OBJECTIVES
+# Table 8's pretraining data sets, each with the baseline objective: TFDS ones (their names in
+# tasks/formats.py TFDS) and "tbc", the Toronto Books Corpus, which TFDS lacks (text files the
+# user provides: tasks/paper_data.py). <set>_iid_denoising has the t5 vocabulary (--scale
+# paper; c4_iid_denoising is C4's), sp8k_<set>_iid_denoising the local scales' 8k one.
+TFDS_DATA_SETS = ("c4", "c4_noclean", "c4_realnewslike", "c4_webtextlike", "wikipedia")
+UNPREPARED_SOURCES = TFDS_DATA_SETS + ("tbc",)  # read as they are: no `t5lite data prepare`
+# Wikipedia + TBC as one data set: each drawn by its share of the paper's 20GB (Table 8: 16GB
+# of Wikipedia), as concatenating the two would
+WIKIPEDIA_TBC = (("wikipedia_iid_denoising", 16.0), ("tbc_iid_denoising", 4.0))
+# Table 9: C4 (paper) or the local corpus cut to its first 2^k tokens, for these k (the
+# table's rows pick k from the tokens a scale trains on: configs/ablations/table9.py)
+FIRST_TOKENS_LOG2 = tuple(range(7, 30))
 # the paper's benchmarks (TFDS; their formats in tasks/formats.py): task -> metric names. Each
 # is registered as paper_glue_<task> / paper_super_glue_<task>; what the paper trains on and
 # how it scores them are the tables after these.
@@ -140,8 +152,10 @@ class TaskSpec:
     finetune (text-to-text over a local set), classification ([CLS] input -> class_labels),
     decoder_classification (text -> class_labels, GPT heads) or benchmark (the paper's, from
     TFDS: tasks/formats.py). source: the local data set it reads (a `t5lite data prepare`
-    name), "c4" (TFDS) or "" (a benchmark's own TFDS set). paper: registered for `--scale
-    paper`, with a vocabulary that ablation_tasks.register_paper may change.
+    name), one of UNPREPARED_SOURCES (TFDS_DATA_SETS, "tbc") or "" (a benchmark's own TFDS
+    set). max_tokens: read only the source's first that many train tokens (Table 9). paper:
+    registered for `--scale paper`, with a vocabulary that ablation_tasks.register_paper may
+    change.
     """
 
     name: str
@@ -152,6 +166,7 @@ class TaskSpec:
     options: tuple = ()
     metrics: tuple = ()  # metric names in tasks/metrics.py
     paper: bool = False
+    max_tokens: int = 0
 
     def features(self) -> tuple:
         if self.recipe == "pretraining":
@@ -171,15 +186,29 @@ class MixtureSpec:
     cap: int = 2 ** 16
     temperature: float = 2.0
     paper: bool = False
+    weights: tuple = ()  # a fixed rate per member (instead of ``rate``)
 
 
 def _pretraining(name, objective, vocab=DEFAULT_VOCAB, **options) -> TaskSpec:
     return TaskSpec(name, "pretraining", vocab, "corpus", objective, tuple(options.items()))
 
 
-def _c4(name, objective, **options) -> TaskSpec:
-    return TaskSpec(name, "pretraining", "t5", "c4", objective, tuple(options.items()),
-                    paper=True)
+def _c4(name, objective, source="c4", max_tokens=0, **options) -> TaskSpec:
+    return TaskSpec(name, "pretraining", "t5", source, objective, tuple(options.items()),
+                    paper=True, max_tokens=max_tokens)
+
+
+def _data_set_specs() -> list[TaskSpec]:
+    """Tables 8 and 9: the paper's pretraining data sets, and C4 / the corpus cut short."""
+    sets = TFDS_DATA_SETS + ("tbc",)
+    specs = [TaskSpec(f"sp8k_{d}_iid_denoising", "pretraining", DEFAULT_VOCAB, d,
+                      "iid_denoising") for d in sets]
+    specs += [_c4(f"{d}_iid_denoising", "iid_denoising", d) for d in sets if d != "c4"]
+    for k in FIRST_TOKENS_LOG2:
+        specs.append(TaskSpec(f"corpus_iid_denoising_tokens2pow{k}", "pretraining",
+                              DEFAULT_VOCAB, "corpus", "iid_denoising", max_tokens=2 ** k))
+        specs.append(_c4(f"c4_iid_denoising_tokens2pow{k}", "iid_denoising", max_tokens=2 ** k))
+    return specs
 
 
 def _local_task_specs() -> list[TaskSpec]:
@@ -197,7 +226,7 @@ def _local_task_specs() -> list[TaskSpec]:
                            noise_density=rate / 100) for rate in IID_RATES]
     specs += [_pretraining(f"corpus_span_corruption_len{length}", "span_corruption",
                            mean_noise_span_length=float(length)) for length in SPAN_LENGTHS]
-    return specs
+    return specs + [s for s in _data_set_specs() if not s.paper]
 
 
 def _paper_task_specs() -> list[TaskSpec]:
@@ -212,7 +241,7 @@ def _paper_task_specs() -> list[TaskSpec]:
                   **PAPER_OTHER_METRICS}
     specs += [TaskSpec(name, "benchmark", "t5", metrics=metrics, paper=True)
               for name, metrics in benchmarks.items()]
-    return specs
+    return specs + [s for s in _data_set_specs() if s.paper]
 
 
 def task_specs() -> list[TaskSpec]:
@@ -295,6 +324,10 @@ def mixture_specs() -> list[MixtureSpec]:
     specs += _multitask_specs("paper_multitask", paper_multitask_members(),
                               lambda log2_k: 2 ** log2_k, paper=True)
     specs += table12_mixture_specs()
+    members, weights = zip(*WIKIPEDIA_TBC)
+    specs += [MixtureSpec("sp8k_wikipedia_tbc_iid_denoising",
+                          tuple(f"sp8k_{m}" for m in members), weights=weights),
+              MixtureSpec("wikipedia_tbc_iid_denoising", members, weights=weights, paper=True)]
     return specs
 
 
@@ -318,7 +351,7 @@ class Row:
 
 def _task_row(spec: TaskSpec) -> Row:
     _, column, vocab_dataset = VOCABS[spec.vocabulary]
-    local_source = (spec.source,) if spec.source and spec.source != "c4" else ()
+    local_source = (spec.source,) if spec.source not in UNPREPARED_SOURCES + ("",) else ()
     return Row(spec.name, "task", tuple(sorted(spec.features())), column, spec.metrics,
                needs=local_source + (vocab_dataset,))
 

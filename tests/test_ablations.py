@@ -18,8 +18,8 @@ from t5lite.cli import main as cli
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 
-TABLES = ("table2", "table4", "table5", "table6", "table7", "table10", "table11", "table12",
-          "table13", "table4_bart")
+TABLES = ("table2", "table4", "table5", "table6", "table7", "table8", "table9", "table10",
+          "table11", "table12", "table13", "table4_bart")
 
 
 def _plans(name, scale="tiny", tasks=("sentiment",)):

@@ -15,22 +15,30 @@ paper's K.
 Scaled down (`--scale tiny`, the default): tiny T5 v1.1 (configs/quickstart.py), 128 input
 tokens, 150 + 150 steps (multi-task: 300), sentiment accuracy only (add `--tasks
 translate_en_de summarize_debian` for BLEU / ROUGE-2). `--scale paper`: T5 base, 512 tokens,
-2^19 + 2^18 steps (t5lite/ablations/paper.py SCALES). Needs every local finetuning set
-(`t5lite data prepare`; the rows prepare what is missing).
+2^19 + 2^18 steps (t5lite/ablations/paper.py SCALES). The local scales need every local
+finetuning set (`t5lite data prepare`; the rows prepare what is missing); `--scale paper`
+prepares nothing (C4 and the benchmarks come from TFDS).
+
+A multi-task model is trained on one mixture, so with one length per feature: each is the
+longest of the pretraining stage's and every finetuning stage's, so that no task's examples
+are cut shorter than its own finetuning would cut them (at paper scale 512 / 512: CNN/DM's
+summaries and WMT's translations whole up to 512 tokens; the denoising task's targets stay
+as long as its objective makes them).
 
     t5lite ablate --table table11 --workdir runs/ablate
 """
 
 from t5lite.ablations import BASELINE_PRETRAIN, Row, Table
+from t5lite.ablations.paper import PREPARE_LOCAL_SETS
 from t5lite.tasks.ablation_tasks import MULTITASK_K, TEMPERATURES
-
-ALL_DATA = ("train.prepare_data=corpus,vocab_sp8k,sentiment,translate_en_de,summarize_debian,"
-            "topic_debian,topic_brown")
 
 
 def multitask(name: str, label: str, mixture: str) -> Row:
+    # targets as long as the longest local finetuning set's (translate_en_de: 64); at paper
+    # scale each task's own finetuning length is kept by the planner, which lengthens a
+    # multi-task row's features to those of its finetuning stages (all 512 there)
     return Row(name, (label,), multitask=True, pretrain=(
-        f"data.mixture_or_task={mixture}", ALL_DATA,
+        f"data.mixture_or_task={mixture}", PREPARE_LOCAL_SETS,
         "data.feature_lengths.targets:=max(64, cfg.data.feature_lengths['targets'])"),
         paper=PAPER.get(name))
 

@@ -23,16 +23,15 @@ prepare`; the rows prepare what is missing).
 """
 
 from t5lite.ablations import BASELINE_PRETRAIN, PAPER_BASELINE, Row, Table
+from t5lite.ablations.paper import PREPARE_LOCAL_SETS
 from t5lite.task_catalog import TABLE12_LOG2_K
 
-ALL_DATA = ("train.prepare_data=corpus,vocab_sp8k,sentiment,translate_en_de,summarize_debian,"
-            "topic_debian,topic_brown")
 K = TABLE12_LOG2_K
 
 
 def mixture(name: str) -> tuple:
     """Pretraining on a multi-task mixture (targets long enough for its finetuning tasks)."""
-    return (f"data.mixture_or_task={name}", ALL_DATA,
+    return (f"data.mixture_or_task={name}", PREPARE_LOCAL_SETS,
             "data.feature_lengths.targets:=max(64, cfg.data.feature_lengths['targets'])")
 
 

@@ -63,9 +63,11 @@ def resolve(base: str, layers: Sequence[str]) -> tuple[list[str], config_lib.Con
             cfg = config_lib.apply_overrides(base_cfg, plain)
             names = _expression_names(cfg)
             try:
-                value = repr(eval(value, {"__builtins__": {}}, names))  # noqa: S307
+                value = eval(value, {"__builtins__": {}}, names)  # noqa: S307
             except Exception as e:
                 raise UserError(f"cannot compute {item!r}: {type(e).__name__}: {e}") from None
+            # a string is the value as typed (a task name), anything else its literal
+            value = value if isinstance(value, str) else repr(value)
             key = key[:-1]
         plain.append(f"{key}={value}")
     last = {p.partition("=")[0]: i for i, p in enumerate(plain)}

@@ -158,9 +158,19 @@ SCALES = {
                              "data.feature_lengths={'inputs': 512, 'targets': 512}",
                              "data.pack=True", "eval.every_steps=0", "eval.max_examples=0",
                              "checkpoint.every_steps=5000", "checkpoint.keep=1000"),
-        tasks=PAPER_TASKS, renames=(("corpus_", "c4_"), ("multitask_", "paper_multitask_")),
+        # Table 8's data sets keep their names with the t5 vocabulary (sp8k_c4_noclean_* ->
+        # c4_noclean_*)
+        tasks=PAPER_TASKS, renames=(("corpus_", "c4_"), ("multitask_", "paper_multitask_"),
+                                    ("sp8k_", "")),
         report_split="validation", per_task_checkpoints=True, continue_pretraining=True),
 }
+
+# A row whose pretraining mixes in the local finetuning sets (Table 11's multi-task rows) has
+# them all prepared where the scale prepares local data at all (tiny, small: the config's own
+# train.prepare_data is not empty); --scale paper reads C4 and the benchmarks from TFDS and
+# prepares nothing.
+PREPARE_LOCAL_SETS = ("train.prepare_data:=cfg.train.prepare_data and "
+                      + repr(("corpus", "vocab_sp8k") + tuple(task_catalog.FINETUNE)))
 
 # The paper's baseline objective (Section 3.1.4): i.i.d. 15% corruption, each corrupted span
 # replaced by one sentinel ("replace corrupted spans"). The tables other than 4 start here.

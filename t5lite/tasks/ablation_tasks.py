@@ -19,8 +19,18 @@ scaled by K_SCALE = 2^-5 for them: K = 2^16 then caps the corpus near the larges
 the paper. At `--scale paper` the rows use paper_multitask_* instead: C4 plus the paper's
 benchmarks (TFDS) with the paper's K unscaled.
 
+Pretraining data sets (Tables 8 and 9; their sources in tasks/paper_data.py), each with the
+baseline objective (i.i.d. 15% denoising):
+  sp8k_<set>_iid_denoising    Table 8 at the local scales: the 8k vocabulary on the paper's
+                              sets, <set> = c4, c4_noclean, c4_realnewslike, c4_webtextlike,
+                              wikipedia (TFDS), tbc (the Toronto Books Corpus: files the user
+                              provides), and the mixture sp8k_wikipedia_tbc_iid_denoising
+  corpus_iid_denoising_tokens2pow{7..29}  Table 9: the local corpus cut to its first 2^k tokens
+
 Also registered for `--scale paper`: c4_<objective> (C4 from TFDS, t5 vocabulary) for every
-objective of the tables, and the paper's benchmarks (formats.register_paper_tasks).
+objective of the tables, Table 8's <set>_iid_denoising and wikipedia_tbc_iid_denoising,
+Table 9's c4_iid_denoising_tokens2pow{7..29}, and the paper's benchmarks
+(formats.register_paper_tasks).
 """
 
 from __future__ import annotations

@@ -7,25 +7,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-import seqio
 
 from t5lite import task_catalog
-from t5lite.tasks import classification, formats, metrics, registry
-
-
-def _c4_source() -> seqio.DataSource:
-    return seqio.TfdsDataSource(formats.TFDS["c4"], splits=["train", "validation"])
+from t5lite.tasks import classification, formats, metrics, paper_data, registry
 
 
 def register_task(spec: task_catalog.TaskSpec, vocabulary: Optional[str] = None) -> None:
     """One catalog task, with its own vocabulary unless ``vocabulary`` is given."""
     vocab = vocabulary or spec.vocabulary
     if spec.recipe == "pretraining":
-        from_tfds = spec.source == "c4"  # TFDS c4/en gives {"text": ...}, not lines
         registry.register_pretraining_task(
             spec.name, spec.objective, vocabulary=vocab,
-            source=_c4_source() if from_tfds else None, from_lines=not from_tfds,
-            **dict(spec.options))
+            source=paper_data.pretraining_source(spec, vocab),
+            from_lines=paper_data.gives_text_lines(spec), **dict(spec.options))
     elif spec.recipe == "finetune":
         prefix = task_catalog.FINETUNE[spec.source][0]
         registry.register_finetune_task(spec.name, spec.source, prefix,
@@ -44,7 +38,11 @@ def register_task(spec: task_catalog.TaskSpec, vocabulary: Optional[str] = None)
 
 
 def register_mixture(spec: task_catalog.MixtureSpec) -> None:
-    registry.register_mixture(spec.name, spec.members, spec.rate, cap=spec.cap,
+    rate = spec.rate
+    if spec.weights:  # a fixed rate per member
+        weights = dict(zip(spec.members, spec.weights))
+        rate = lambda task: weights[task.name]  # noqa: E731
+    registry.register_mixture(spec.name, spec.members, rate, cap=spec.cap,
                               temperature=spec.temperature)
 
 

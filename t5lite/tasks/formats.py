@@ -376,6 +376,13 @@ def register_wmt(split_to_files: Mapping[str, tuple], name: str = "wmt_t2t_ende"
 # data dir: $TFDS_DATA_DIR or ~/tensorflow_datasets; `tfds build` them there first).
 TFDS = {
     "c4": "c4/en:3.1.0",  # T5 read 3.0.1, which today's TFDS no longer builds
+    # Table 8's other pretraining sets (T5's tasks read the same C4 configs); webtextlike needs
+    # OpenWebText's URL list downloaded by hand (TFDS's manual download instructions)
+    "c4_noclean": "c4/en.noclean:3.1.0",
+    "c4_realnewslike": "c4/realnewslike:3.1.0",
+    "c4_webtextlike": "c4/webtextlike:3.1.0",
+    # T5 read the 20190301 dump, whose files are gone; TFDS builds only this one today
+    "wikipedia": "wikipedia/20230601.en:1.0.0",
     "glue": "glue/{task}:2.0.0",
     "super_glue": "super_glue/{task}:1.0.2",
     "squad": "squad/v1.1:3.0.0",
