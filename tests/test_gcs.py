@@ -229,3 +229,36 @@ def test_train_on_gcs_writes_resumes_and_is_refused_while_locked(bucket, data_di
         holder.wait()
     after = {k: v for k, v in objects(run).items() if k != ".lock"}
     assert after == before
+
+
+def test_checkpointer_on_gcs_skips_a_step_with_damaged_data_state(bucket):
+    """Checkpointer on gs:// with a tf.data iterator: each step's iterator state goes up
+    beside its arrays; a step whose state is garbage is moved to corrupt_checkpoints/ (gcsfs
+    moves) and the previous one resumes at its exact position."""
+    import jax.numpy as jnp
+    import tensorflow as tf
+    from t5lite import config as config_lib
+    from t5lite.store.checkpointing import Checkpointer
+    from t5lite.train.state import TrainState
+    run = f"{bucket}/run"
+    cfg = config_lib.CheckpointConfig(every_steps=1, keep=3, async_save=False)
+
+    def state(step):
+        return TrainState(step=jnp.int32(step), params={"w": jnp.full((4,), step, jnp.float32)},
+                          opt_state={"m": jnp.zeros((4,))})
+    ckpt, it = Checkpointer(run, cfg), iter(tf.data.Dataset.range(100))
+    for step in (1, 2):
+        next(it)
+        ckpt.save(step, state(step), it)
+    ckpt.close()
+    assert {"data_state/1/process_0.index", "data_state/2/process_0.index"} <= set(objects(run))
+    gcs.blob(f"{run}/data_state/2/process_0.index").upload_from_string(b"not an index")
+    ckpt, it = Checkpointer(run, cfg), iter(tf.data.Dataset.range(100))
+    restored, step = ckpt.restore_latest(state(0), it)
+    ckpt.close()
+    assert step == 1 and float(restored.params["w"][0]) == 1.0 and int(next(it)) == 1
+    names = set(objects(run))
+    assert not any(n.startswith("checkpoints/2/") for n in names)
+    assert any(re.fullmatch(r"corrupt_checkpoints/2\.\d+/params/_METADATA", n) for n in names)
+    assert any(re.fullmatch(r"corrupt_checkpoints/2\.\d+\.data_state/process_0\.index", n)
+               for n in names)

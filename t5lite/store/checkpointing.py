@@ -241,17 +241,17 @@ class Checkpointer:
         bad = epath.Path(self.workdir) / "corrupt_checkpoints"
         try:
             bad.mkdir(parents=True, exist_ok=True)
-            src.rename(bad / f"{step}.{stamp}")
+            _rename(src, bad / f"{step}.{stamp}")
         except OSError:
             try:
-                src.rename(epath.Path(self.dir) / f"{step}.unreadable.{stamp}")
+                _rename(src, epath.Path(self.dir) / f"{step}.unreadable.{stamp}")
             except OSError as e:
                 return f"{type(e).__name__}: {e}"
         data = epath.Path(self.data_dir) / str(step)
         try:
             if data.exists():
                 bad.mkdir(parents=True, exist_ok=True)
-                data.rename(bad / f"{step}.{stamp}.data_state")
+                _rename(data, bad / f"{step}.{stamp}.data_state")
         except OSError:
             pass  # a new save of this step overwrites it; nothing depends on it any more
         return None
@@ -270,6 +270,15 @@ class Checkpointer:
                 raise FileNotFoundError(f"no data iterator state {prefix}.index")
             import tensorflow as tf
             tf.train.Checkpoint(iterator=data_iter).read(prefix).assert_consumed()
+
+
+def _rename(src, dst) -> None:
+    """epath's rename, but on gs:// through gcs.move: GCS has no folders, and epath refuses a
+    destination whose parent holds no object yet (a first corrupt_checkpoints/ entry)."""
+    if gcs.is_gcs(src):
+        gcs.move(src, dst)
+    else:
+        src.rename(dst)
 
 
 def _data_state_dir(directory: str, mode: str):

@@ -150,6 +150,12 @@ def append(url, data: bytes, attempts: int = 5) -> None:
     raise OSError(f"could not append to {url}: it kept changing under {attempts} attempts")
 
 
+def move(src, dst) -> None:
+    """A gs:// object or folder -> dst (copies, then deletes: GCS renames nothing)."""
+    import fsspec
+    fsspec.filesystem("gs").mv(os.fspath(src), os.fspath(dst), recursive=True)
+
+
 # ---------------------------------------------------------------------- staged folders
 
 
