@@ -55,7 +55,8 @@ def _split_map(task_name: str) -> dict:
 @pytest.fixture(scope="module")
 def paper_tfds(data_dir, tmp_path_factory):
     """Every data set of the paper's benchmarks and C4 as a strict TFDS fixture, and the
-    `--scale paper` tasks registered over them with the test vocabulary (the t5 one restored afterwards)."""
+    `--scale paper` tasks registered over them with the test vocabulary (the t5 one restored
+    afterwards)."""
     from t5lite.tasks import ablation_tasks
     train_helpers.enable_compilation_cache()
     root = tfds_fixtures.write_all(str(tmp_path_factory.mktemp("tfds")), _tfds_names(
@@ -155,9 +156,9 @@ def test_paper_benchmark_finetunes_evaluates_and_scores(paper_tfds, tmp_path, ke
 
 @pytest.mark.slow
 def test_multitask_mixtures_resolve_and_a_row_runs(paper_tfds, tmp_path):
-    """Table 11 at paper scale: every member of every paper_multitask_* mixture is a
-    registered task over a data set the fixtures hold; one row trains on C4 + every benchmark
-    and reports GLUE from its best checkpoint per task."""
+    """Table 11 at paper scale: every paper mixture holds exactly its catalog members (each a
+    registered task); one row trains on C4 + every benchmark (each member's train split, the
+    mixture's validation split) and reports GLUE from its best checkpoint per task."""
     for spec in task_catalog.mixture_specs():
         if spec.paper:
             mixture = seqio.get_mixture_or_task(spec.name)
