@@ -1,4 +1,5 @@
-"""What a run keeps on disk: checkpoints (orbax), params-only dirs, the workdir's lock and config guard."""
+"""What a run keeps on disk: checkpoints (orbax), params-only dirs, the workdir's lock and
+config guard; gs:// through libraries an emulator can stand in for (gcs.py)."""
 
 from t5lite.store import gcs as _gcs
 
