@@ -18,10 +18,12 @@ import tempfile
 import tree
 
 # Builders whose `_split_generators` need the real downloads to run (C4: a Beam pipeline over
-# Common Crawl; CNN/DailyMail: the story archives' URL lists): their split names as that code
-# names them (tensorflow_datasets/text/c4.py, summarization/cnn_dailymail.py).
+# Common Crawl; CNN/DailyMail: the story archives' URL lists; Wikipedia: the dump's index):
+# their split names as that code names them (tensorflow_datasets/text/c4.py, wikipedia.py,
+# summarization/cnn_dailymail.py; C4's single-language configs).
 SPLITS_IN_CODE = {"c4": ("train", "validation"),
-                  "cnn_dailymail": ("train", "validation", "test")}
+                  "cnn_dailymail": ("train", "validation", "test"),
+                  "wikipedia": ("train",)}
 UNLABELED_TEST = ("glue", "super_glue")  # their test splits hold no labels
 
 _STORY = "The cat sat on the mat. It was warm."
@@ -120,6 +122,9 @@ EXAMPLES = {
                               {"en": "Good morning.", "fr": "Bonjour."}],
     "wmt16_translate/ro-en": [{"en": "The cat sleeps.", "ro": "Pisica doarme."},
                               {"en": "Good morning.", "ro": "Bună dimineața."}],
+    # every Wikipedia dump and language has these features
+    "wikipedia": [{"title": f"Town {i}", "text": f"Town {i} is a town by the river. " * 4}
+                  for i in range(100)],  # a 1% slice (its held-out validation) is one
     # every C4 config (en, en.noclean, realnewslike, ...) has these features
     "c4": [{"text": f"Document {i} about cats and dogs and the weather in the town. " * 3,
                "url": f"https://example.com/{i}", "timestamp": "2019-04-25T12:00:00Z",
