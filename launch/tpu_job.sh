@@ -29,6 +29,9 @@ IDF="$JOB_HOME/job_id"  # the id of the job that EXITF belongs to
 STOPF="$JOB_HOME/stopped"  # the id of the job that `stop` stopped
 ENVF="$JOB_HOME/env"  # the current job's --env values (mode 600)
 CURRENT_LOG="$HOME/t5lite-train.log"  # symlink to the current job's log (`logs` reads it)
+# A worker's data is copied in from the launching machine (building it needs npm, apt lists and
+# pip in the venv, which TPU images lack): t5lite then names this command for missing data.
+export T5LITE_DATA_FROM="${T5LITE_DATA_FROM-python launch/tpu_vm.py data TPU_NAME}"
 mkdir -p "$JOB_HOME/logs"
 
 worker_id() {

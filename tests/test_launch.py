@@ -83,7 +83,7 @@ def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts, create):
                   "--worker=all --zone=us-central2-b --project=my-proj",
                   f"gcloud compute tpus tpu-vm ssh {name} --worker=all --zone=us-central2-b "
                   f"--project=my-proj {ALIVE} --command "
-                  + shlex.quote(worker_setup.setup_script(fetch, True))],
+                  + shlex.quote(worker_setup.setup_script(fetch))],
         "delete": [f"gcloud compute tpus {'queued-resources' if hosts > 1 else 'tpu-vm'} delete "
                    f"{name} --zone=us-central2-b --project=my-proj "
                    + ("--force --quiet" if hosts > 1 else "--quiet")],
@@ -403,12 +403,12 @@ def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
     assert calls == [
         describe("tpu-vm", "pod"),
         [*TPUS, "tpu-vm", "scp", archive, "pod:t5lite-src.tar.gz", "--worker=all", *Z],
-        ssh_call("pod", worker_setup.setup_script(fetch, True))]
+        ssh_call("pod", worker_setup.setup_script(fetch))]
     installs = cloud.jsonl("installs.jsonl")
-    for w in ("0", "1"):  # each worker: uv, a 3.12 venv, t5lite[tpu] into it, data prepare
+    for w in ("0", "1"):  # each worker: uv, a 3.12 venv, t5lite[tpu] into it; no data prepare
         assert [i["argv"][:4] for i in installs if i["worker"] == w] == [
             ["-m", "pip", "install", "--user"], ["-m", "uv", "venv", "--python"],
-            ["-m", "uv", "pip", "install"], ["-m", "t5lite.cli", "data", "prepare"]]
+            ["-m", "uv", "pip", "install"]]
         assert (cloud.worker("pod", w) / "t5lite" / "launch" / "tpu_job.sh").exists()
 
     r = cloud.run("train", "pod", *Z, "--config=configs/tiny_t5.py", "--workdir=gs://bkt/runs/a",

@@ -11,6 +11,7 @@ Modules, lowest first (each imports only those above it):
                 a watch while a job runs), ssh-agent check
   preflight     the workdir's bucket exists and is writable, before anything is rented
   vm            create / wait for / stop / start / delete / describe the TPU VM or queued resource
+  data_ship     build datasets here, copy them to every worker's data dir (`data`, --data)
   worker_setup  ship the code and install Python + t5lite on every worker
   fit_check     `t5lite compile --json` for the slice here, before anything is rented or run
   job           the training job on the workers (launch/tpu_job.sh and its report lines)

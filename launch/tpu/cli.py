@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .data_ship import ship_data
 from .gcloud import Cloud
 from .job import logs, stop_job, train
+from .layout import PYTHON_VERSION
 from .messages import CloudError, LaunchError, note, verb_line
 from .slices import parse_accelerator_type
 from .supervise import supervise
@@ -79,8 +81,24 @@ def add_setup_options(sp) -> None:
     sp.add_argument("--repo", default="", help="git URL to clone (default: ship this "
                                                "checkout's HEAD with git archive + scp)")
     sp.add_argument("--branch", default="", help="with --repo: branch or tag")
-    sp.add_argument("--prepare-data", action=argparse.BooleanOptionalAction, default=True,
-                    help="run `t5lite data prepare` on every worker (default: yes)")
+    sp.add_argument("--data", action="append", metavar="NAME,...",
+                    help="datasets (`t5lite data prepare` names, e.g. quickstart, vocab_t5) to "
+                         "build here and copy to every worker's ~/.cache/t5lite (workers "
+                         "cannot build them); `data` copies more later")
+    sp.add_argument("--python-version", default=PYTHON_VERSION,
+                    help=f"Python of the workers' venv (uv downloads it; default "
+                         f"{PYTHON_VERSION})")
+    # workers never build data now: --no-prepare-data is accepted (scripts pass it), a plain
+    # --prepare-data says what replaced it
+    sp.add_argument("--prepare-data", action=argparse.BooleanOptionalAction, default=None,
+                    help=argparse.SUPPRESS)
+
+
+def add_data_verb(sub, common) -> None:
+    sp = sub.add_parser("data", parents=[common], help="build datasets here and copy them to "
+                        "every worker (they cannot build them: no npm, no apt lists)")
+    sp.add_argument("datasets", nargs="+", metavar="DATASET",
+                    help="`t5lite data prepare` names (quickstart, corpus, vocab_t5, ...)")
 
 
 def add_train_options(sp) -> None:
@@ -106,7 +124,7 @@ def add_run_verbs(sub, common) -> None:
                         "(queued: waits until ACTIVE)")
     add_create_options(sp)
     sp = sub.add_parser("setup", parents=[common], help="install Python 3.12 + t5lite on every "
-                                                        "worker")
+                                                        "worker (--data: and datasets)")
     add_setup_options(sp)
     sp = sub.add_parser("train", parents=[common], help="run `t5lite train` on every worker "
                         "(attaches to the same job if it already runs)")
@@ -168,11 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     common = common_parser()
     sub = p.add_subparsers(dest="subcommand", required=True)
     add_run_verbs(sub, common)
+    add_data_verb(sub, common)
     add_watch_and_stop_verbs(sub, common)
     return p
 
 
 VERBS = {"create": lambda c, a: create(c, a) or 0, "setup": lambda c, a: setup(c, a) or 0,
+         "data": ship_data,
          "train": train, "supervise": supervise, "logs": logs, "stop-job": stop_job,
          "stop-vm": stop_vm, "start-vm": start_vm, "status": status, "delete": delete,
          "stop": stop_ambiguous}

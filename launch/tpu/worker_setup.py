@@ -7,6 +7,7 @@ import shlex
 import subprocess
 import tempfile
 
+from .data_ship import dataset_names, pack_and_copy, unpack_line
 from .gcloud import Cloud, Node, check_ssh_agent
 from .layout import JOB, PYTHON_VERSION, REMOTE_DIR, REPO_ROOT, SETUP_MARK, VENV, VENV_PYTHON
 from .messages import CloudError, LaunchError, note
@@ -35,7 +36,11 @@ def ship_commands(cloud: Cloud, args) -> tuple[list[list[str]], str]:
             f"tar -xzf ~/t5lite-src.tar.gz -C {REMOTE_DIR}")
 
 
-def setup_script(fetch: str, prepare_data: bool) -> str:
+def setup_script(fetch: str, data: str = "", python: str = PYTHON_VERSION) -> str:
+    """What every worker runs: the code (fetch), uv, a venv with `python` and t5lite[tpu] in
+    it, and `data` (data_ship.unpack_line, when data was copied). No `t5lite data prepare`:
+    building data needs pip in the venv, npm and apt lists (data_ship.py)."""
+    want = tuple(int(p) for p in python.split("."))
     steps = [
         # never pull the code from under a running job
         f"if [ -n \"$({JOB} status 2>/dev/null | grep ' running ')\" ]; then echo "
@@ -43,20 +48,25 @@ def setup_script(fetch: str, prepare_data: bool) -> str:
         fetch, f"cd {REMOTE_DIR}",
         "(python3 -m pip install --user --quiet --upgrade uv || python3 -m pip install --user "
         "--quiet --upgrade --break-system-packages uv)",
-        f"({VENV_PYTHON} -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null || "
-        f"(rm -rf {VENV} && python3 -m uv venv --python {PYTHON_VERSION} {VENV}))",
+        f"({VENV_PYTHON} -c 'import sys; assert sys.version_info[:{len(want)}] == {want}' "
+        f"2>/dev/null || (rm -rf {VENV} && python3 -m uv venv --python {python} {VENV}))",
         f"python3 -m uv pip install --python {VENV_PYTHON} -e '.[tpu]'",
     ]
-    if prepare_data:
-        steps.append(f"{VENV_PYTHON} -m t5lite.cli data prepare")
+    if data:
+        steps.append(data)
     steps += [f"date -u > {SETUP_MARK}", "echo t5lite-setup: ok"]
     return "set -e; " + " && ".join(steps)
 
 
 def setup(cloud: Cloud, args, node: Node | None = None) -> None:
+    if getattr(args, "prepare_data", None):
+        raise LaunchError("--prepare-data is gone: TPU workers cannot build data (no pip in "
+                          "the venv, no npm, no apt lists); --data=NAME,... builds it here and "
+                          "copies it to every worker.")
     node = node or require_node(cloud, args)
     check_ssh_agent(0 if cloud.dry else node.workers)
     cmds, fetch = ship_commands(cloud, args)
+    names = dataset_names(getattr(args, "data", None))
     try:
         for cmd in cmds:
             if cmd[0] == "git":
@@ -68,7 +78,11 @@ def setup(cloud: Cloud, args, node: Node | None = None) -> None:
     finally:
         if cmds and not cloud.dry:
             os.remove(cmds[0][-2].removeprefix("--output="))  # git archive's file
-    rc, lines = cloud.stream(cloud.ssh_cmd(setup_script(fetch, args.prepare_data)))
+    if names:
+        pack_and_copy(cloud, args, names)
+    script = setup_script(fetch, unpack_line() if names else "",
+                          getattr(args, "python_version", PYTHON_VERSION))
+    rc, lines = cloud.stream(cloud.ssh_cmd(script))
     ok = sum(line.strip() == "t5lite-setup: ok" for line in lines)
     if not cloud.dry and (rc != 0 or ok < node.workers):
         raise CloudError(f"setup failed on {node.workers - ok} of {node.workers} worker(s) "

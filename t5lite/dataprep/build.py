@@ -74,6 +74,8 @@ def ensure_prepared(names: Iterable[str], data_dir: str = "") -> str:
     """Builds only what is missing; returns the data dir."""
     root = datadir.data_dir(data_dir)
     missing = [n for n in resolve(names)[0] if not manifest_lib.is_prepared(n, root)]
+    if missing and os.environ.get(datadir.FROM_ENV):
+        raise datadir.missing(missing, root)
     if missing:
         prepare(missing, data_dir=root)
     return root

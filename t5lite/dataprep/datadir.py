@@ -11,6 +11,10 @@ import os
 from t5lite.errors import UserError
 
 ENV = "T5LITE_DATA_DIR"
+# Set on machines that never build data, only receive it (TPU workers: launch/tpu_job.sh sets
+# it, since registry downloads need tools their images lack): the command, run elsewhere, that
+# copies datasets here. Missing data is then a UserError naming it, never a download.
+FROM_ENV = "T5LITE_DATA_FROM"
 
 
 def data_dir(override: str = "") -> str:
@@ -48,6 +52,18 @@ def require(name: str, rel: str, override: str = "") -> str:
     root = data_dir(override)
     path = os.path.join(root, rel)
     if not os.path.exists(path):
-        raise UserError(f"{rel} is not prepared in {root}. Run `t5lite data prepare {name}` "
-                        "(or set $T5LITE_DATA_DIR / data.data_dir to where it was prepared).")
+        raise missing([name], root, rel)
     return path
+
+
+def missing(names: list, root: str, rel: str = "") -> UserError:
+    """The error for datasets absent from root: how to build them, or, where data is only
+    received ($T5LITE_DATA_FROM), how to copy them here."""
+    what = rel or ", ".join(names)
+    how = os.environ.get(FROM_ENV, "")
+    if how:
+        return UserError(f"{what} is not in {root}, and this machine does not build data "
+                         f"(${FROM_ENV}): copy it here with `{how} {' '.join(names)}`.")
+    return UserError(f"{what} is not prepared in {root}. Run `t5lite data prepare "
+                     f"{' '.join(names)}` (or set $T5LITE_DATA_DIR / data.data_dir to where it "
+                     "was prepared).")
