@@ -143,6 +143,22 @@ def test_lock_stale_record_is_taken_over_by_exactly_one(bucket):
         won[0].release()
 
 
+def test_lock_torn_record_is_dated_by_the_objects_update_time(bucket):
+    """A record that does not parse (a torn write of an older t5lite) has no heartbeat: the
+    object's server-side update time dates it, fresh -> refused, a lease later -> taken."""
+    run = f"{bucket}/run"
+    gcs.blob(f"{run}/.lock").upload_from_string(b'{"host": "old-wor')
+    with pytest.raises(UserError, match="in use by another t5lite train"):
+        WorkdirLock(run, lease_seconds=1.0).acquire()
+    time.sleep(1.1)
+    lock = WorkdirLock(run, lease_seconds=1.0).acquire()
+    try:
+        assert "no heartbeat for 1s" in lock.takeover_line()
+    finally:
+        lock.release()
+    assert ".lock" not in objects(run)
+
+
 def test_lock_holder_that_lost_its_record_stops_beating_and_leaves_it(bucket, capsys):
     """A holder whose record another run replaced finds out at its next beat (its
     precondition fails), warns, and its release does not delete the other run's record."""

@@ -87,15 +87,22 @@ def _not_found():
 # ---------------------------------------------------------------------- conditional writes
 
 
-def read(url):
-    """-> (bytes, generation, updated epoch seconds), or (None, None, None) when absent."""
-    b = blob(url)
-    try:
-        data = b.download_as_bytes()
-    except _not_found():
-        return None, None, None
-    # download_as_bytes fills in the generation it read, so data and generation agree
-    return data, b.generation, (b.updated.timestamp() if b.updated else None)
+def read(url, attempts: int = 5):
+    """-> (bytes, generation, updated epoch seconds), or (None, None, None) when absent. The
+    bytes are those of that generation (a write in between: read again)."""
+    bucket, name = split(url)
+    for _ in range(attempts):
+        b = client().bucket(bucket).get_blob(name)
+        if b is None:
+            return None, None, None
+        try:
+            data = b.download_as_bytes(if_generation_match=b.generation)
+        except _not_found():
+            return None, None, None
+        except _precondition_failed():
+            continue
+        return data, b.generation, (b.updated.timestamp() if b.updated else None)
+    raise OSError(f"could not read {url}: it kept changing under {attempts} attempts")
 
 
 def write_if(url, data: bytes, generation: int):
