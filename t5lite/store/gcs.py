@@ -34,7 +34,7 @@ def emulator_url() -> str:
 
 
 def configure() -> None:
-    """Route gs:// as the module docstring says. Runs at import of t5lite.store, before
+    """Route gs:// as the module docstring says. Runs at import of t5lite (t5lite.store), before
     epath picks a backend for a gs:// path (it caches the choice) and before gcsfs is imported
     (it reads its flag then). Settings already in the environment win."""
     os.environ.setdefault("EPATH_USE_TF", "false")
