@@ -215,6 +215,9 @@ cmd_run() {
 # Runs inside the job's process group: the command, its exit code, the log copies.
 cmd_wrap() {
     echo $$ >"$PIDF.tmp" && mv "$PIDF.tmp" "$PIDF"
+    # in the checkout this script came with: --config=configs/... is a path inside it, and in
+    # the home above it ~/t5lite (no __init__.py) shadows the venv's editable t5lite package
+    cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
     (while sleep "${T5LITE_SYNC_EVERY:-60}"; do sync_logs; done) 2>/dev/null &
     local syncer=$!
     trap : TERM INT HUP  # outlive the signal: the trainer saves a checkpoint, we record its exit

@@ -21,7 +21,7 @@ from .layout import DATA_ARCHIVE, REMOTE_DATA_DIR, REPO_ROOT
 from .messages import CloudError, LaunchError, note
 from .vm import require_node
 
-OK = "t5lite-data: ok"
+OK = "t5lite-setup: data ok"  # a report line: gcloud.Cloud.stream keeps those
 
 
 def dataset_names(items) -> list[str]:

@@ -32,7 +32,12 @@ def ship_commands(cloud: Cloud, args) -> tuple[list[list[str]], str]:
     return ([["git", "-C", REPO_ROOT, "archive", "--format=tar.gz", f"--output={archive}", "HEAD"],
              cloud.tpu_conn("tpu-vm", "scp", archive, f"{args.name}:t5lite-src.tar.gz",
                        "--worker=all") + cloud.where() + cloud.conn()],
-            f"rm -rf {REMOTE_DIR} && mkdir -p {REMOTE_DIR} && "
+            unpack_code_line())
+
+
+def unpack_code_line() -> str:
+    """The worker's part of shipping this checkout: its archive, unpacked in place of the last."""
+    return (f"rm -rf {REMOTE_DIR} && mkdir -p {REMOTE_DIR} && "
             f"tar -xzf ~/t5lite-src.tar.gz -C {REMOTE_DIR}")
 
 

@@ -59,11 +59,11 @@ def require(name: str, rel: str, override: str = "") -> str:
 def missing(names: list, root: str, rel: str = "") -> UserError:
     """The error for datasets absent from root: how to build them, or, where data is only
     received ($T5LITE_DATA_FROM), how to copy them here."""
-    what = rel or ", ".join(names)
+    what = (rel or ", ".join(names)) + (" are" if len(names) > 1 and not rel else " is")
     how = os.environ.get(FROM_ENV, "")
     if how:
-        return UserError(f"{what} is not in {root}, and this machine does not build data "
+        return UserError(f"{what} not in {root}, and this machine does not build data "
                          f"(${FROM_ENV}): copy it here with `{how} {' '.join(names)}`.")
-    return UserError(f"{what} is not prepared in {root}. Run `t5lite data prepare "
+    return UserError(f"{what} not prepared in {root}. Run `t5lite data prepare "
                      f"{' '.join(names)}` (or set $T5LITE_DATA_DIR / data.data_dir to where it "
                      "was prepared).")
