@@ -26,9 +26,9 @@ def data_dir(override: str = "") -> str:
         os.path.expanduser("~"), ".cache", "t5lite")
     if "://" in d:
         raise UserError(f"the data dir {d} is a URL: prepared data must be on a local disk "
-                        "(set data.data_dir / $T5LITE_DATA_DIR to a local path and run "
-                        "`t5lite data prepare` on each worker; TFDS data in $TFDS_DATA_DIR may "
-                        "be on GCS).")
+                        "(set data.data_dir / $T5LITE_DATA_DIR to a local path; TPU workers get "
+                        "theirs with `python launch/tpu_vm.py data`; TFDS data in "
+                        "$TFDS_DATA_DIR may be on GCS).")
     return os.path.abspath(os.path.expanduser(d))
 
 
