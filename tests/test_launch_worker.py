@@ -2,7 +2,6 @@
 the first `t5lite train` in the venv it makes, data copied from the launching machine (never
 built on a worker), and the one-line error when a worker's data is missing."""
 
-import json
 import os
 import socket
 import subprocess
@@ -13,7 +12,7 @@ import pytest
 
 import tasks_testdata
 from bare_worker import image, wheelhouse
-from test_launch import LAUNCH, ROOT, Z, FakeCloud, _load_tpu_module, describe, ssh_call
+from test_launch import ROOT, Z, FakeCloud, _load_tpu_module, describe, ssh_call
 
 worker_setup = _load_tpu_module("worker_setup")
 data_ship = _load_tpu_module("data_ship")
@@ -171,7 +170,7 @@ def test_data_is_built_here_and_copied_to_every_worker(tmp_path, monkeypatch):
     calls = cloud.calls()
     assert [c[2:4] for c in calls] == [["tpu-vm", "describe"], ["tpu-vm", "scp"],
                                        ["tpu-vm", "scp"], ["tpu-vm", "ssh"]]
-    assert calls[2][5] == "pod:t5lite-data.tar.gz"
+    assert calls[1][5] == "pod:t5lite-data.tar.gz" and calls[2][5] == "pod:t5lite-src.tar.gz"
     assert calls[3] == ssh_call("pod", worker_setup.setup_script(
         worker_setup.unpack_code_line(), data_ship.unpack_line()))
     assert not [i for i in cloud.jsonl("installs.jsonl") if "prepare" in i["argv"]]
@@ -180,6 +179,9 @@ def test_data_is_built_here_and_copied_to_every_worker(tmp_path, monkeypatch):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "unknown dataset 'vocab_sp8'. Did you mean vocab_sp8k" in r.stderr
     assert [c[2:4] for c in cloud.calls()] == [["tpu-vm", "describe"]]  # nothing copied
+    r = cloud.run("setup", "pod", *Z, "--data=corpus,vocab_sp8", timeout=120)
+    assert r.returncode == 2 and "Did you mean vocab_sp8k" in r.stderr
+    assert [c[2:4] for c in cloud.calls()] == [["tpu-vm", "describe"]]
     r = cloud.run("setup", "pod", *Z, "--prepare-data")
     assert r.returncode == 2 and "--data=NAME" in r.stderr
 

@@ -70,8 +70,10 @@ def setup(cloud: Cloud, args, node: Node | None = None) -> None:
                           "copies it to every worker.")
     node = node or require_node(cloud, args)
     check_ssh_agent(0 if cloud.dry else node.workers)
-    cmds, fetch = ship_commands(cloud, args)
     names = dataset_names(getattr(args, "data", None))
+    if names:  # first: a dataset that cannot be built here stops setup before any copy
+        pack_and_copy(cloud, args, names)
+    cmds, fetch = ship_commands(cloud, args)
     try:
         for cmd in cmds:
             if cmd[0] == "git":
@@ -83,8 +85,6 @@ def setup(cloud: Cloud, args, node: Node | None = None) -> None:
     finally:
         if cmds and not cloud.dry:
             os.remove(cmds[0][-2].removeprefix("--output="))  # git archive's file
-    if names:
-        pack_and_copy(cloud, args, names)
     script = setup_script(fetch, unpack_line() if names else "",
                           getattr(args, "python_version", PYTHON_VERSION))
     rc, lines = cloud.stream(cloud.ssh_cmd(script))

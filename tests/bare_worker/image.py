@@ -32,7 +32,8 @@ APT_GET = """#!/bin/bash
 for a in "$@"; do last="$a"; done
 case "${1:-}" in
     update|install|upgrade)
-        echo "E: Could not open lock file /var/lib/apt/lists/lock - open (13: Permission denied)" >&2
+        echo "E: Could not open lock file /var/lib/apt/lists/lock - open (13: Permission" \
+             "denied)" >&2
         echo "E: Unable to lock directory /var/lib/apt/lists/" >&2 ;;
     *) echo "E: Unable to locate package ${last:-}" >&2 ;;
 esac

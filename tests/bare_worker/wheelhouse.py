@@ -65,9 +65,9 @@ def _wheel_name(dist) -> str:
 
 def _site_files(dist) -> list[str]:
     """The distribution's files under site-packages (not its dist-info, scripts or caches)."""
-    info = os.path.basename(str(dist._path))  # noqa: SLF001 (the installed .dist-info)
-    return [str(f) for f in dist.files or () if not str(f).startswith(("..", info))
-            and "__pycache__" not in str(f)]
+    files = [str(f) for f in dist.files or ()]
+    info = next(f.split("/")[0] + "/" for f in files if f.endswith(".dist-info/RECORD"))
+    return [f for f in files if not f.startswith(("..", info)) and "__pycache__" not in f]
 
 
 def _owners(dists) -> dict[str, set]:
