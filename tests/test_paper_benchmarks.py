@@ -142,7 +142,6 @@ def _expected_metric_keys(key: str) -> set:
     return keys
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", PAPER.tasks)
 def test_paper_benchmark_finetunes_evaluates_and_scores(paper_tfds, tmp_path, key):
     """Table 1's control row (finetuned from random params, no pretraining) at paper scale on
@@ -162,7 +161,6 @@ def test_paper_benchmark_finetunes_evaluates_and_scores(paper_tfds, tmp_path, ke
     assert all(isinstance(v, float) for v in metrics.values()), metrics
 
 
-@pytest.mark.slow
 def test_multitask_mixtures_resolve_and_a_row_runs(paper_tfds, tmp_path):
     """Table 11 at paper scale: every paper mixture holds exactly its catalog members (each a
     registered task); one row trains on C4 + every benchmark (each member's train split, the
