@@ -30,7 +30,8 @@ def drop_targets(inputs_length: int, density: float) -> int:
 
 
 def span_targets(inputs_length: int, density: float, mean_span: float) -> int:
-    """Exact targets length for span corruption (seqio's random_spans_helper)."""
+    """Targets length for span corruption as T5's random_spans_helper gives it (where T5's
+    helper and mask disagree, seqio trims the surplus: objectives.t5.span_surplus measures it)."""
     from t5lite.tasks.objectives import random_spans_helper
     return random_spans_helper(inputs_length, density, mean_span)[1]
 
