@@ -115,6 +115,40 @@ def test_progress_off_a_terminal_prints_plain_lines(monkeypatch):
     assert "loss=4" in lines[-1]
 
 
+def test_logged_progress_lines_show_each_steps_own_metrics(tmp_path, monkeypatch, capsys):
+    """Off a terminal, the line printed for step N carries step N's loss and learning rate
+    (not those of the step logged before it), and no per-line "mfu=n/a"."""
+    from t5lite.monitor import writers
+    monkeypatch.setenv("T5LITE_PROGRESS_SECONDS", "0")
+    logger = writers.MetricsLogger(str(tmp_path), total_steps=30, enabled=True)
+    for step in (10, 20, 30):
+        logger.write(step, {"loss": step / 10, "lr": step * 1e-4, "tokens_per_s": 100.0})
+    logger.close()
+    out = capsys.readouterr()
+    lines = [ln for ln in (out.out + out.err).splitlines() if ln.startswith("train: ")]
+    shown = [int(ln.split()[1].split("/")[0]) for ln in lines]
+    assert 10 in shown and 30 in shown, lines  # tqdm may skip a middle one
+    for step, line in zip(shown, lines):
+        if step:
+            assert f"loss={step / 10:.4f}" in line and f"lr={step * 1e-4:.2e}" in line, line
+    assert not any("mfu" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize("schedule, warmup, steps, start, warned", [
+    ("cosine", 100, 20, 0, True), ("linear", 20, 20, 0, True), ("constant", 19, 20, 0, False),
+    ("rsqrt", 1000, 20, 0, False), ("cosine", 0, 20, 0, False), ("cosine", 100, 20, 20, False)])
+def test_warmup_longer_than_the_run_is_warned_about(schedule, warmup, steps, start, warned):
+    from t5lite.monitor import writers
+    from t5lite.train import optim
+    cfg = config_lib.Config()
+    cfg.optim.schedule, cfg.optim.warmup_steps, cfg.optim.learning_rate = schedule, warmup, 1e-3
+    line = writers.warmup_warning(cfg.optim, steps, start)
+    assert bool(line) == warned, line
+    if warned:  # the rate it names is the schedule's own at the last step
+        last = float(optim.make_schedule(cfg.optim, steps)(steps - 1))
+        assert f"ends at {last:.3g}" in line and "lower optim.warmup_steps" in line, line
+
+
 # ----------------------------------------------------------------------------- plots
 
 

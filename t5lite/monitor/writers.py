@@ -28,6 +28,20 @@ def peak_flops_per_device(override: float = 0.0):
     return topology.peak_flops(jax.local_devices()[0].device_kind)
 
 
+def warmup_warning(opt_cfg, steps: int, start: int = 0) -> str:
+    """A line when the linear warmup (constant / cosine / linear schedules) outlasts the run,
+    so the learning rate never reaches optim.learning_rate; '' otherwise. rsqrt's "warmup" is
+    its constant phase (T5), which may outlast a short run by design."""
+    warmup = int(opt_cfg.warmup_steps)
+    if opt_cfg.schedule == "rsqrt" or warmup <= 0 or warmup < steps or steps <= start:
+        return ""
+    reached = opt_cfg.learning_rate * min(1.0, steps / warmup)
+    return (f"warning: optim.warmup_steps={warmup} >= train.steps={steps}: the learning rate "
+            f"ramps up for the whole run and ends at {reached:.3g}, never reaching "
+            f"optim.learning_rate={opt_cfg.learning_rate:g}; lower optim.warmup_steps (e.g. "
+            f"{max(steps // 10, 1)})")
+
+
 def _summary_writer_cls():
     """tensorboardX.SummaryWriter without its optional `import torch` (seconds of start-up,
     only used to accept torch tensors); a torch already imported is left alone."""
@@ -111,14 +125,16 @@ class MetricsLogger:
                 self.tb.add_scalar(f"{prefix}/{k}", v, step)
         if self.bar is not None:
             if prefix == "train":
-                self.bar.update(step - self.step)
-                self.step = step
                 show = {"loss": "{:.4f}", "accuracy": "{:.3f}", "lr": "{:.2e}",
                         "tokens_per_s": "{:.0f}", "mfu": "{:.1%}"}
                 post = {k.replace("tokens_per_s", "tok/s"): f.format(scalars[k])
                         for k, f in show.items() if k in scalars}
-                post.setdefault("mfu", "n/a")  # no known device peak (CPU)
-                self.bar.set_postfix(post, refresh=True)
+                # the postfix first: update() is what prints a line, and it must show this
+                # step's metrics beside this step's count. No "mfu n/a" here: the loop says
+                # once at the start when no device peak is known.
+                self.bar.set_postfix(post, refresh=False)
+                self.bar.update(step - self.step)
+                self.step = step
             elif prefix != "goodput":  # the trainer prints goodput as a sentence
                 self.bar.write(f"step {step} {prefix}: " + ", ".join(
                     f"{k}={v:.4g}" for k, v in scalars.items()))

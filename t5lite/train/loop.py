@@ -136,6 +136,8 @@ def _throughput(run: TrainRun, start: int) -> Throughput:
                     + (f"{peak:.3g} FLOP/s per device x {mesh.size}" if peak else
                        f"n/a: no known peak for {jax.devices()[0].device_kind} "
                        "(set train.peak_flops)"))
+    if warning := writers.warmup_warning(cfg.optim, cfg.train.steps, start):
+        run.logger.info(warning)
     return Throughput(start, flops, peak, mesh.size)
 
 
