@@ -160,3 +160,22 @@ def test_configs_saved_before_a_field_keep_the_value_they_trained_with():
     legacy = json.loads(json.dumps(new))
     legacy["model"]["flat_kernels"] = False
     assert workdir.config_diff(old, legacy) == {}
+
+
+def test_a_feature_length_beyond_the_learned_position_table_is_refused_before_training():
+    """A sequence longer than model.max_length would read past the learned position table (NaN
+    at step 1); the config check names both numbers and the fix."""
+    with pytest.raises(UserError, match=r"gives the decoder 512 tokens \(its feature length\) "
+                                        r"but model.position='learned' has only "
+                                        r"model.max_length=256 positions: lower"):
+        config_lib.load_config("tiny_gpt_lm", ["data.feature_lengths={'targets': 512}"])
+    with pytest.raises(UserError, match=r"decoder 258 tokens \(inputs \+ targets, packed"):
+        config_lib.load_config("tiny_gpt_sentiment",
+                               ["data.feature_lengths={'inputs': 250, 'targets': 8}"])
+    with pytest.raises(UserError, match="gives the encoder 129 tokens"):
+        config_lib.load_config("tiny_bert_mlm", ["data.feature_lengths.inputs=129"])
+    cfg = config_lib.load_config("tiny_gpt_lm", ["data.feature_lengths={'targets': 256}"])
+    with pytest.raises(UserError, match="max_length=256 positions"):
+        config_lib.replace(cfg, {"data.feature_lengths": {"targets": 300}})
+    # relative positions have no table: any length goes
+    config_lib.load_config("quickstart", ["data.feature_lengths={'inputs': 4096, 'targets': 8}"])

@@ -86,12 +86,42 @@ def validate(cfg: Config) -> Config:
         raise UserError(f"model.embed_dim={m.embed_dim}: use 0 (= d_model), or a width > 0 "
                         "with architecture='encoder_only' (ELECTRA's embedding_size)")
     _check_electra(m)
+    check_positions(m, cfg.data.feature_lengths)
     if cfg.train.aux_lm_weight < 0 or (cfg.train.aux_lm_weight and (
             m.num_classes <= 0 or m.architecture not in ("decoder_only", "prefix_lm"))):
         raise UserError(f"train.aux_lm_weight={cfg.train.aux_lm_weight}: use 0, or a weight "
                         ">= 0 (GPT-1: 0.5) with a decoder-only classifier (model.num_classes > 0)")
     freeze(cfg)
     return cfg
+
+
+def model_lengths(architecture: str, feature_lengths) -> dict:
+    """{stack: the longest sequence it gets} for these task feature lengths, as the seqio
+    feature converters build them (tasks/converters.py): a decoder-only or prefix LM packs
+    inputs and targets into one sequence, so their lengths add up."""
+    inputs, targets = feature_lengths.get("inputs", 0), feature_lengths.get("targets", 0)
+    if architecture == "encoder_only":
+        return {"encoder": inputs}
+    if architecture == "encoder_decoder":
+        return {"encoder": inputs, "decoder": targets}
+    return {"decoder": inputs + targets}
+
+
+def check_positions(m, feature_lengths) -> None:
+    """A learned position table has model.max_length rows: a longer sequence would read past
+    it (NaN from the first step, which looks like a learning-rate problem). m: ModelConfig."""
+    if m.position != "learned":
+        return
+    for stack, n in model_lengths(m.architecture, feature_lengths).items():
+        if n > m.max_length:
+            what = ("inputs + targets, packed into one sequence" if stack == "decoder" and
+                    m.architecture in ("decoder_only", "prefix_lm") and
+                    "inputs" in feature_lengths else "its feature length")
+            raise UserError(
+                f"data.feature_lengths={dict(feature_lengths)} gives the {stack} {n} tokens "
+                f"({what}) but model.position='learned' has only model.max_length="
+                f"{m.max_length} positions: lower data.feature_lengths to {m.max_length} "
+                "tokens in all, or raise model.max_length (a new, untrained table).")
 
 
 def _check_electra(m) -> None:
