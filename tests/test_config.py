@@ -51,6 +51,16 @@ def test_a_misspelt_field_in_a_config_file_fails_at_its_line(tmp_path):
         config_lib.load_config(str(file))
     with pytest.raises(UserError, match="unknown config key 'trian'. Did you mean: train"):
         config_lib.Config().trian = None
+    # reading a misspelt section, or a misspelt keyword of a section's constructor
+    for line, key, meant in [("cfg.trian.steps = 20", "'trian'", "train"),
+                             ("cfg.train = TrainConfig(stpes=20)", "'train.stpes'",
+                              "train.steps")]:
+        file.write_text("from t5lite.config import Config, TrainConfig\n\n\n"
+                        f"def get_config():\n    cfg = Config()\n    {line}\n    return cfg\n")
+        with pytest.raises(UserError, match=f"typo.py:6: unknown config key {key}. Did you "
+                                            f"mean: {meant}"):
+            config_lib.load_config(str(file))
+    assert not hasattr(config_lib.Config().train, "stpes")  # still an AttributeError
 
 
 def test_a_loaded_config_is_frozen_and_replace_derives_a_changed_copy():
@@ -179,3 +189,19 @@ def test_a_feature_length_beyond_the_learned_position_table_is_refused_before_tr
         config_lib.replace(cfg, {"data.feature_lengths": {"targets": 300}})
     # relative positions have no table: any length goes
     config_lib.load_config("quickstart", ["data.feature_lengths={'inputs': 4096, 'targets': 8}"])
+
+
+def test_a_config_error_shows_before_tensorflow_is_imported(tmp_path):
+    """`t5lite train` checks the config before it imports TensorFlow (seconds): a typo is
+    reported at once, and nothing is written to the workdir."""
+    import subprocess
+    import sys
+    code = ("import sys; from t5lite.cli import main as cli; "
+            "rc = cli.main(['train', '--config', 'tiny_gpt_lm', '--workdir', sys.argv[1], "
+            "'--set', 'train.stpes=3']); "
+            "print(rc, 'tensorflow' in sys.modules, 'seqio' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["2", "False", "False"], proc.stderr[-2000:]
+    assert "Did you mean: train.steps" in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -25,9 +25,11 @@ from t5lite.text_table import format_table
 
 
 def train_command(config: str, overrides: Sequence[str], workdir: str = "",
-                  print_config: bool = False, allow_config_change: bool = False) -> None:
+                  print_config: bool = False, allow_config_change: bool = False,
+                  before_training=lambda: None) -> None:
     """`t5lite train`: train (or resume) in ``workdir``; ``print_config``: print the resolved,
-    checked config as JSON and train nothing."""
+    checked config as JSON and train nothing. ``before_training`` runs once the config is
+    checked, before the trainer (and TensorFlow, seconds) is imported."""
     from t5lite import config as config_lib
     if print_config:
         print(json.dumps(config_lib.to_dict(config_lib.load_config(config, overrides)),
@@ -36,8 +38,9 @@ def train_command(config: str, overrides: Sequence[str], workdir: str = "",
     if not workdir:
         raise UserError("`t5lite train` needs --workdir DIR (or --print-config to only show "
                         "the resolved config).")
-    from t5lite.train import trainer
     cfg = config_lib.load_config(config, overrides)
+    before_training()
+    from t5lite.train import trainer
     trainer.train(cfg, workdir, allow_config_change=allow_config_change)
 
 

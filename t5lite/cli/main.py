@@ -58,7 +58,8 @@ def cmd_train(args):
     from t5lite.cli import commands
     commands.train_command(args.config, args.set or [], args.workdir,
                            print_config=args.print_config,
-                           allow_config_change=args.allow_config_change)
+                           allow_config_change=args.allow_config_change,
+                           before_training=_import_tensorflow_quietly)
 
 
 def cmd_compile(args):
@@ -360,9 +361,9 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else 2
-    light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile)
-             or (args.fn is cmd_tasks and args.action == "list")  # task_catalog: no seqio
-             or (args.fn is cmd_train and args.print_config))
+    # train imports TF itself once its config is checked: a config error shows in a second
+    light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile, cmd_train)
+             or (args.fn is cmd_tasks and args.action == "list"))  # task_catalog: no seqio
     if not light:  # the others read data through seqio / TF
         _import_tensorflow_quietly()
     try:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import typing
 
 from t5lite.config import python_files
 from t5lite.config.dotted import copy_config, set_by_path
 from t5lite.config.rules import validate
-from t5lite.config.schema import Config, UnknownKeyError
+from t5lite.config.schema import SECTION_PATHS, Config, UnknownKeyError, unknown_key
 from t5lite.errors import UserError
 
 
@@ -68,8 +69,10 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
         raise UserError(f"{e.filename or file}:{e.lineno}: syntax error in the config file: "
                         f"{e.msg}. Fix that line.") from None
     except Exception as e:  # noqa: BLE001 - NameError, ImportError ... inside the config file
-        raise UserError(f"{_error_location(e, file)}: {type(e).__name__}: {e}. Fix the config "
-                        "file there.") from None
+        typo = _unknown_keyword(e)
+        raise UserError(f"{_error_location(e, file)}: " + (
+            f"{typo} Fix the config file there." if typo else
+            f"{type(e).__name__}: {e}. Fix the config file there.")) from None
     if not isinstance(cfg, Config):
         raise UserError(f"get_config() in {file} returned {type(cfg).__name__}, not Config.")
     cfg = apply_overrides(cfg, overrides)
@@ -107,6 +110,17 @@ def cpu_recipe(base: str, name: str, steps: int, every: int, log_every: int = 10
     cfg.train.steps, cfg.train.z_loss, cfg.train.log_every = steps, 0.0, log_every
     cfg.train.eval_every = cfg.checkpoint.every_steps = every
     return cfg
+
+
+def _unknown_keyword(err: BaseException) -> str:
+    """For ``TrainConfig(stpes=20)`` in a config file, the unknown-key message with the
+    field meant (the dataclass's own TypeError names neither the section's path nor it)."""
+    match = re.fullmatch(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'",
+                         str(err))
+    if not isinstance(err, TypeError) or not match:
+        return ""
+    cls = next((c for c in SECTION_PATHS if c.__name__ == match[1]), None)
+    return str(unknown_key(cls, match[2])) if cls else ""
 
 
 def _error_location(err: BaseException, file: str) -> str:

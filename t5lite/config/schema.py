@@ -35,20 +35,36 @@ def field_names(cls) -> frozenset:
 
 
 class Section:
-    """Base of every config section: assignments only to known fields, and none when frozen."""
+    """Base of every config section: assignments only to known fields, and none when frozen;
+    reading a name that is not a field (``cfg.trian.steps``) says which field was meant."""
 
     def __setattr__(self, name, value):
-        prefix = SECTION_PATHS.get(type(self), "")
-        pre = prefix + "." if prefix else ""
+        pre = _prefix(type(self))
         if name not in field_names(type(self)):
-            known = [pre + n for n in field_names(type(self))]
-            hint = difflib.get_close_matches(pre + name, known, n=3, cutoff=0.5)
-            raise UnknownKeyError(f"unknown config key {pre + name!r}." + (
-                f" Did you mean: {', '.join(hint)}?" if hint else
-                f" {type(self).__name__} has: {', '.join(sorted(known))}"))
+            raise unknown_key(type(self), name)
         if self.__dict__.get("_frozen"):
             raise UserError(FROZEN_MESSAGE.format(key=pre + name))
         object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):  # only for names that are not attributes
+        if name.startswith("_"):  # copy / pickle / hasattr probes
+            raise AttributeError(name)
+        raise unknown_key(type(self), name)
+
+
+def _prefix(cls) -> str:
+    prefix = SECTION_PATHS.get(cls, "")
+    return prefix + "." if prefix else ""
+
+
+def unknown_key(cls, name: str) -> "UnknownKeyError":
+    """The error for ``name``, not a field of section ``cls``, with the closest fields."""
+    pre = _prefix(cls)
+    known = [pre + n for n in field_names(cls)]
+    hint = difflib.get_close_matches(pre + name, known, n=3, cutoff=0.5)
+    return UnknownKeyError(f"unknown config key {pre + name!r}." + (
+        f" Did you mean: {', '.join(hint)}?" if hint else
+        f" {cls.__name__} has: {', '.join(sorted(known))}"))
 
 
 def freeze(section: Section) -> None:
@@ -64,8 +80,9 @@ def is_frozen(section: Section) -> bool:
     return bool(section.__dict__.get("_frozen"))
 
 
-class UnknownKeyError(UserError):
-    """An assignment to a config field that does not exist (load_config adds the file:line)."""
+class UnknownKeyError(UserError, AttributeError):
+    """A config field that does not exist, assigned or read (load_config adds the file:line);
+    an AttributeError too, so getattr(section, name, default) and hasattr keep working."""
 
 
 @dataclasses.dataclass
