@@ -1,6 +1,6 @@
-"""BERT large: sizes and defaults in t5lite/models/presets.py."""
+"""BERT large: sizes and defaults in t5lite/config/presets.py."""
 
-from t5lite.models.presets import bert
+from t5lite.config.presets import bert
 
 
 def get_config():

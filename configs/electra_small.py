@@ -1,6 +1,6 @@
-"""ELECTRA small: sizes and defaults in t5lite/models/presets.py (electra)."""
+"""ELECTRA small: sizes and defaults in t5lite/config/presets.py (electra)."""
 
-from t5lite.models.presets import electra
+from t5lite.config.presets import electra
 
 
 def get_config():

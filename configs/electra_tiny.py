@@ -1,6 +1,6 @@
-"""ELECTRA tiny (BERT tiny's encoder + a 32-wide generator): t5lite/models/presets.py."""
+"""ELECTRA tiny (BERT tiny's encoder + a 32-wide generator): t5lite/config/presets.py."""
 
-from t5lite.models.presets import electra
+from t5lite.config.presets import electra
 
 
 def get_config():

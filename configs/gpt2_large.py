@@ -1,6 +1,6 @@
-"""GPT-2 large: sizes and defaults in t5lite/models/presets.py."""
+"""GPT-2 large: sizes and defaults in t5lite/config/presets.py."""
 
-from t5lite.models.presets import gpt2
+from t5lite.config.presets import gpt2
 
 
 def get_config():

@@ -1,6 +1,6 @@
-"""RoBERTa base: sizes and defaults in t5lite/models/presets.py (roberta)."""
+"""RoBERTa base: sizes and defaults in t5lite/config/presets.py (roberta)."""
 
-from t5lite.models.presets import roberta
+from t5lite.config.presets import roberta
 
 
 def get_config():

@@ -1,6 +1,6 @@
-"""T5 v1.0 large: sizes and defaults in t5lite/models/presets.py."""
+"""T5 v1.0 large: sizes and defaults in t5lite/config/presets.py."""
 
-from t5lite.models.presets import t5_1_0
+from t5lite.config.presets import t5_1_0
 
 
 def get_config():

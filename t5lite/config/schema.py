@@ -208,7 +208,7 @@ class ModelConfig(Section):
     # default backend at trace time. Same numbers either way. The TPU compile path sets
     # "accelerator" (its host backend is the CPU). Configs saved before the field read "auto".
     gradient_rules: str = setting("auto", choices=("auto", "cpu", "accelerator"))
-    # Family details (defaults = T5). BERT/GPT-2 presets in t5lite/models/presets.py set them.
+    # Family details (defaults = T5). BERT/GPT-2 presets in t5lite/config/presets.py set them.
     embed_norm: bool = False  # norm after summing embeddings (BERT)
     scale_attn_logits: bool = False  # q.k / sqrt(head_dim); T5 folds it into the query init
     scale_tied_logits: bool = True  # T5 v1.0: decoder output * d_model**-0.5 before tied head
