@@ -160,6 +160,13 @@ REFUSALS = {
                                   r"train\.steps 4 -> 6.*--allow-config-change"),
     "unsafe_change_with_flag": (["--set", "data.seed=3", "--allow-config-change"],
                                 r"data\.seed 0 -> 3.*new --workdir"),
+    # clipping switched on adds an optimizer transform: the saved state has another tree
+    "clipping_switched_on_with_flag": (
+        ["--set", "optim.clip_grad_norm=1.0", "--allow-config-change"],
+        r"optim\.clip_grad_norm 0\.0 -> 1\.0.*optimizer state has another layout.*"
+        r"checkpoint\.init_from=.*checkpoint\.init_state=true"),
+    "malformed_skip_batches": (["--set", "train.skip_batches=4", "--allow-config-change"],
+                               r"train\.skip_batches='4': give \"S:N\""),
     # item 8: nonsense values fail at load
     "log_every_zero": (["--set", "train.log_every=0"], r"train\.log_every=0 .* >= 1"),
     "negative_steps": (["--set", "train.steps=-3"], r"train\.steps=-3 .* >= 0"),
@@ -341,6 +348,47 @@ def test_safe_change_with_the_flag_keeps_the_old_config(wd, capsys):
     assert_kept(before, wd, metrics_upto=4, old_rows=old_rows)
     rows = [r for r in metrics_rows(wd) if r["split"] == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+
+
+def test_diverged_run_resumes_with_a_lower_learning_rate_and_skips_batches(wd, capsys):
+    """The usual recovery: resume from the last good checkpoint with a lower learning rate
+    (and other optimizer / loss settings that leave the state's shapes alone), skipping the
+    batches after it; every change is recorded with the step it applies from."""
+    old_rows, before = metrics_rows(wd), snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(
+        wd, "--allow-config-change", "--set", "optim.learning_rate=1e-3", "--set",
+        "model.dropout_rate=0.05", "--set", "train.z_loss=0.0", "--set",
+        "optim.warmup_steps=50", "--set", "train.skip_batches=4:3", steps=6))
+    assert code == 0, out[-3000:]
+    assert "skipped 3 training batches at step 4" in out
+    assert_kept(before, wd, metrics_upto=4, old_rows=old_rows)
+    (row,) = [json.loads(x) for x in (wd / "config_history.jsonl").read_text().splitlines()]
+    assert row["step"] == 4 and row["kept_as"] == "config.1.json"
+    assert row["changes"]["optim.learning_rate"] == [1e-2, 1e-3]
+    assert row["changes"]["train.skip_batches"] == ["", "4:3"]
+    assert set(row["changes"]) == {"optim.learning_rate", "model.dropout_rate", "train.z_loss",
+                                   "optim.warmup_steps", "train.skip_batches", "train.steps"}
+    lr = {r["step"]: r["lr"] for r in metrics_rows(wd) if r["split"] == "train"}
+    assert lr[4] == pytest.approx(1e-2) and lr[5] == pytest.approx(1e-3), lr
+
+
+def test_skip_batches_drops_n_batches_only_when_resuming_at_its_step():
+    import tensorflow as tf
+    from t5lite import config as config_lib
+    from t5lite.errors import UserError
+    from t5lite.train import data
+    cfg = config_lib.Config()
+    cfg.train.skip_batches = "3:2"
+    for start, first in ((3, 2), (0, 0), (5, 0)):
+        it = iter(tf.data.Dataset.range(10))
+        assert data.skip_batches(cfg, it, start, info=lambda _: None) == (2 if first else 0)
+        assert int(next(it)) == first
+    cfg.train.skip_batches = "3:20"
+    with pytest.raises(UserError, match="ran out after skipping 10 of 20"):
+        data.skip_batches(cfg, iter(tf.data.Dataset.range(10)), 3)
+    for bad in ("3", "a:b", "3:0", "-1:2", "1:2:3"):
+        with pytest.raises(UserError, match="give \"S:N\""):
+            data.parse_skip(bad)
 
 
 # ---------------------------------------------------------------------------- item 4: damage

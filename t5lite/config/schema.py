@@ -286,6 +286,16 @@ class TrainConfig(Section):
     prepare_data: tuple = ()
     # "A:B": jax.profiler trace of the steps after A up to B into WORKDIR/profile/ (process 0)
     profile_steps: str = ""
+    # Restart-and-skip after a loss spike (PaLM): "S:N" = when the run resumes at step S,
+    # discard the next N training batches before training on. A run that starts at any other
+    # step (a later checkpoint already holds the data position past them) skips nothing.
+    skip_batches: str = ""
+    # Weights & Biases (pip install wandb): log the metrics to this project too, beside
+    # TensorBoard and metrics.jsonl (process 0; one W&B run per workdir); "" = off
+    wandb_project: str = ""
+    wandb_entity: str = ""  # "" = your default entity
+    # "" = W&B's own choice ($WANDB_MODE, else online); offline: files in WORKDIR/wandb only
+    wandb_mode: str = setting("", choices=("", "online", "offline"))
 
 
 @dataclasses.dataclass

@@ -323,13 +323,37 @@ def check_writable_dir(workdir: str) -> None:
 PLACEMENT_KEYS = ("name", "mesh.", "checkpoint.async_save", "checkpoint.init_from",
                   "checkpoint.init_step", "checkpoint.lock_lease_seconds", "train.peak_flops",
                   "train.prepare_data", "data.data_dir", "data.task_modules", "model.remat",
-                  "model.scan_unroll", "train.profile_steps")
-# Keys that change when or how much is trained / logged / evaluated, but not the meaning of
-# the saved state: allowed with --allow-config-change. train.steps is also the end of the
-# learning-rate decay (cosine / linear), with optim.min_lr_ratio its floor.
+                  "model.scan_unroll", "train.profile_steps", "train.wandb_project",
+                  "train.wandb_entity", "train.wandb_mode")
+# Keys that change when or how much is trained / logged / evaluated, or how the optimizer
+# steps and the loss weighs, but not the shape of any saved array: allowed with
+# --allow-config-change and recorded in WORKDIR/config_history.jsonl. They are what recovering
+# a diverged run changes (resume the last good checkpoint with a lower learning rate, clipping,
+# and train.skip_batches past the spike). train.steps is also the end of the learning-rate
+# decay (cosine / linear), with optim.min_lr_ratio its floor.
 SAFE_KEYS = ("train.steps", "optim.min_lr_ratio", "train.log_every", "train.eval_every",
              "train.eval_steps", "train.stop_on_nan", "eval.", "decode.",
-             "checkpoint.every_steps", "checkpoint.keep")
+             "checkpoint.every_steps", "checkpoint.keep", "optim.learning_rate",
+             "optim.schedule", "optim.warmup_steps", "optim.b1", "optim.b2", "optim.eps",
+             "optim.weight_decay", "optim.clip_grad_norm", "train.z_loss",
+             "train.label_smoothing", "model.dropout_rate", "train.skip_batches")
+HISTORY = "config_history.jsonl"
+
+
+def _layout_switches(diff: dict, new_flat: dict) -> dict:
+    """The safe-key changes that still add or remove a transform of the optimizer (so the saved
+    optimizer state has another tree): gradient clipping switched on or off, and Adafactor's
+    weight decay switched on or off (AdamW keeps its decay transform at 0)."""
+    out = {}
+    for key in ("optim.clip_grad_norm", "optim.weight_decay"):
+        if key not in diff:
+            continue
+        before, after = diff[key]
+        if key == "optim.weight_decay" and new_flat.get("optim.name") != "adafactor":
+            continue
+        if ((before or 0) > 0) != ((after or 0) > 0):
+            out[key] = diff[key]
+    return out
 
 
 def _matches(key: str, patterns) -> bool:
@@ -376,12 +400,18 @@ def check_config(cfg, workdir: str, allow_change: bool = False) -> bool:
                         "ones) or use another --workdir") from None
     diff = config_diff(old, new)
     unsafe = {k: v for k, v in diff.items() if not _matches(k, SAFE_KEYS)}
+    switches = _layout_switches(diff, config_lib.flatten(new))
+    unsafe.update(switches)
     if unsafe:
         raise UserError(
             f"{workdir} was trained with another config: {format_diff(unsafe)}. Its checkpoints "
-            "cannot continue under these changes: use a new --workdir (add --set "
-            f"checkpoint.init_from={workdir} to start from its params), or rerun with the "
-            "workdir's config.json"
+            "cannot continue under these changes"
+            + (f" (switching {' or '.join(switches)} on or off adds or removes an optimizer "
+               "transform, so the optimizer state has another layout)" if switches else "")
+            + ": use a new --workdir (add --set "
+            f"checkpoint.init_from={workdir} to start from its params"
+            + (", and checkpoint.init_state=true to continue its step count" if switches
+               else "") + "), or rerun with the workdir's config.json"
             + (f" (the other changes, {', '.join(k for k in diff if k not in unsafe)}, are "
                "allowed with --allow-config-change)" if len(unsafe) < len(diff) else ""))
     if diff and not allow_change:
@@ -392,9 +422,11 @@ def check_config(cfg, workdir: str, allow_change: bool = False) -> bool:
     return old != new
 
 
-def write_config(cfg, workdir: str) -> None:
+def write_config(cfg, workdir: str, step: int | None = None) -> None:
     """config.json <- cfg, atomically; an existing, different one is kept as config.<n>.json
-    (n = 1, 2, ...: the order the configs were replaced in)."""
+    (n = 1, 2, ...: the order the configs were replaced in) and the change is appended to
+    config_history.jsonl: the step the new config applies from (the restored checkpoint's),
+    the kept file, and each changed key's old and new value."""
     from t5lite.store.paths import write_atomic
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
@@ -408,4 +440,24 @@ def write_config(cfg, workdir: str) -> None:
         while (root / f"config.{n}.json").exists():
             n += 1
         write_atomic(root / f"config.{n}.json", old)
+        _record_change(workdir, step, f"config.{n}.json", old, text)
     write_atomic(path, text)
+
+
+def _record_change(workdir: str, step, kept: str, old_text: str, new_text: str) -> None:
+    """One line of config_history.jsonl (appended: the history only grows) and one printed."""
+    try:
+        changes = config_diff(json.loads(old_text), json.loads(new_text))
+    except ValueError:  # an unreadable old config (kept as is): no keys to compare
+        changes = {}
+    row = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
+           "kept_as": kept, "changes": {k: list(v) for k, v in changes.items()}}
+    line, path = json.dumps(row) + "\n", os.path.join(workdir, HISTORY)
+    if gcs.is_gcs(path):
+        gcs.append(path, line.encode())
+    else:
+        with open(path, "a") as f:
+            f.write(line)
+    if changes:
+        print(f"t5lite: config changed{'' if step is None else f' from step {step}'}: "
+              f"{format_diff(changes)} (the old one is {kept}; history in {path})", flush=True)

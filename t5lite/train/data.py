@@ -87,3 +87,35 @@ def next_train_batch(data_iter, batch_sharding, step: int, total: int):
         raise UserError(f"training data ran out at step {step} of {total}; use "
                         "num_epochs=None (repeat) or fewer train.steps") from None
     return host, partitioning.global_batch(host, batch_sharding)
+
+
+def parse_skip(spec: str):
+    """train.skip_batches "S:N" -> (S, N); "" -> None. A malformed one is a UserError."""
+    if not spec:
+        return None
+    try:
+        at, count = (int(x) for x in spec.split(":"))
+        if at < 0 or count < 1:
+            raise ValueError
+    except ValueError:
+        raise UserError(f"train.skip_batches={spec!r}: give \"S:N\" (resume at step S, "
+                        "then skip the next N batches), e.g. \"1200:200\"") from None
+    return at, count
+
+
+def skip_batches(cfg, data_iter, start: int, info=print) -> int:
+    """Restart-and-skip: when this run resumes at train.skip_batches' step S, read and drop the
+    next N batches (all hosts alike: each drops its rows of the same global batches), so the
+    steps from S on see the data after them. -> the number skipped (0 at any other step)."""
+    skip = parse_skip(cfg.train.skip_batches)
+    if skip is None or skip[0] != start:
+        return 0
+    for n in range(skip[1]):
+        try:
+            next(data_iter)
+        except StopIteration:
+            raise UserError(f"training data ran out after skipping {n} of {skip[1]} "
+                            f"batches (train.skip_batches={cfg.train.skip_batches!r}); skip "
+                            "fewer") from None
+    info(f"skipped {skip[1]} training batches at step {start} (train.skip_batches)")
+    return skip[1]

@@ -21,7 +21,8 @@ from t5lite.monitor import writers
 from t5lite.store import checkpointing
 from t5lite.store import workdir as workdir_lib
 from t5lite.train import guards, partitioning
-from t5lite.train.data import dataset_iterator, prepare_tasks, train_iterator
+from t5lite.train.data import (dataset_iterator, parse_skip, prepare_tasks, skip_batches,
+                               train_iterator)
 from t5lite.train.loop import TrainRun, run_loop
 from t5lite.train.state import TrainState, abstract_train_state, create_train_state
 from t5lite.train.step import make_eval_step, make_train_step, step_flops
@@ -31,10 +32,11 @@ __all__ = ["TrainState", "abstract_train_state", "create_train_state", "dataset_
            "train_iterator", "write_config"]
 
 
-def write_config(cfg, workdir: str) -> None:
-    """config.json <- cfg on process 0 (atomic; a different previous one is kept)."""
+def write_config(cfg, workdir: str, step: int | None = None) -> None:
+    """config.json <- cfg on process 0 (atomic; a different previous one is kept, the change
+    recorded in config_history.jsonl from `step`)."""
     if jax.process_index() == 0:  # epath: the workdir may be gs://
-        workdir_lib.write_config(cfg, workdir)
+        workdir_lib.write_config(cfg, workdir, step)
 
 
 def train(cfg, workdir: str, train_iter: Iterator | None = None,
@@ -52,6 +54,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     partitioning.initialize_multihost(cfg.mesh)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
+    parse_skip(cfg.train.skip_batches)  # a malformed one stops here, before any write
     workdir = checkpointing.abspath(workdir)
     preemption = guards.Preemption()  # from here on SIGTERM saves instead of killing the run
     lock = None
@@ -90,9 +93,10 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
         if ckpt.data_iter_dirty and train_iter is None:  # a failed data restore, then step 0
             data_iter = make_iter()
         if rewrite:  # only now: the checkpoints it describes have been read with it
-            write_config(cfg, workdir)
+            write_config(cfg, workdir, start)
         logger = writers.MetricsLogger(workdir, cfg.train.steps, start_step=start)
         logger.write_config(config_lib.to_dict(cfg))  # TensorBoard: text + hparams
+        skip_batches(cfg, data_iter, start, logger.info)
         try:
             run = TrainRun(cfg=cfg, mesh=mesh, model=model, tx=tx, abstract=abstract,
                            shardings=shardings, logger=logger, ckpt=ckpt, data_iter=data_iter,
