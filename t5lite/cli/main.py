@@ -3,8 +3,8 @@ convert, ablate.
 
 Each subcommand parses its flags here and calls one function: in commands.py (what the verbs
 do: printing, stdin, output files), or in the module that owns the work where that function
-is already the whole command (quickstart, listings, data). This file stays a table of contents. Heavy imports (jax, tensorflow) happen inside the
-handlers, so `t5lite --help` is instant.
+is already the whole command (quickstart, listings, data). This file stays a table of contents.
+Heavy imports (jax, tensorflow) happen inside the handlers, so `t5lite --help` is instant.
 """
 
 from __future__ import annotations
@@ -159,6 +159,25 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _at_least(low: int, meaning: str = ""):
+    """An argparse type: an integer >= ``low`` (a count; argparse names the flag in the
+    error, before any heavy import)."""
+    def count(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}{meaning}, got {value}")
+        return value
+    return count
+
+
+# The run directory is --workdir in every command (eval / infer also take a step dir, best/
+# or a params-only dir there); --checkpoint, their older name, still works.
+CHECKPOINT_FLAGS = dict(dest="checkpoint", metavar="WORKDIR", required=True)
+
+
 class _TableChoices(list):
     """The ablation tables, listed in --help. Any value passes argparse: `6` means table6, a
     path to a .py is a table of yours, and ablations.load_table refuses an unknown name with
@@ -211,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="try (data, fsdp, tensor) meshes, remat policies and micro-batch "
                          "counts; rank those that fit by estimated step time")
     sp.add_argument("--hbm-gib", type=float, default=0.0,
-                    help="HBM per chip to fit into (0: the chip's; lower it for headroom)")
+                    help="HBM per chip to fit into (default 0: the chip's; lower it for "
+                    "headroom)")
     sp.add_argument("--decode", action="store_true",
                     help="compile the decoding program (cfg.decode: method, beams, max_length) "
                          "instead of the train step")
@@ -224,18 +244,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_quickstart)
 
     sp = add("eval", "evaluate a checkpoint on a task with its metrics")
-    sp.add_argument("--checkpoint", required=True,
+    sp.add_argument("--workdir", "--checkpoint", **CHECKPOINT_FLAGS,
                     help="a training workdir (latest step), a step dir, best/ or a params-only "
                     "dir (convert import, merge-lora)")
     sp.add_argument("--task", required=True,
                     help="seqio task or mixture with metrics (see `t5lite tasks list`)")
     sp.add_argument("--split", default="validation", help="the task's split to evaluate")
-    sp.add_argument("--max-examples", type=int, default=0,
-                    help="evaluate only the first N examples (0 = all)")
+    sp.add_argument("--max-examples", type=_at_least(0, " (0: every example)"), default=0,
+                    help="evaluate only the first N examples (default 0: all)")
     add_set(sp, "override a field of the checkpoint's config, e.g. decode.method=beam "
             "(repeatable)")
     fs = sp.add_argument_group("in-context few-shot (GPT / T5 checkpoints, finetuning datasets)")
-    fs.add_argument("--shots", type=int, help="K demonstrations from the train split per prompt "
+    fs.add_argument("--shots", type=_at_least(0),
+                    help="K demonstrations from the train split per prompt "
                     "(default: no few-shot prompting, the task's own evaluation)")
     fs.add_argument("--template", default="", help="review, input_answer, it_was or a prompt "
                     "with {input} (default: the task's, review for sentiment)")
@@ -244,12 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     fs.add_argument("--scoring", default="rank", choices=["rank", "generate"],
                     help="rank: the label word with the highest log-likelihood (default); "
                     "generate: decode and match the label words")
-    fs.add_argument("--context-length", type=int, default=0, help="prompt tokens (default 0: "
+    fs.add_argument("--context-length", type=_at_least(0), default=0,
+                    help="prompt tokens (default 0: "
                     "the checkpoint's feature length, capped by its learned positions)")
     sp.set_defaults(fn=cmd_eval)
 
     sp = add("infer", "write JSONL predictions for input lines")
-    sp.add_argument("--checkpoint", required=True,
+    sp.add_argument("--workdir", "--checkpoint", **CHECKPOINT_FLAGS,
                     help="a training workdir, step dir, best/ or params-only dir")
     sp.add_argument("--input", required=True, help="text file, one input per line, or -")
     sp.add_argument("--output", default="-", help="JSONL file or - for stdout")
@@ -273,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="list: every task and mixture; show: decoded examples of NAME")
     sp.add_argument("name", nargs="?", help="show: the task or mixture")
     sp.add_argument("--split", default="train", help="show: the split to read")
-    sp.add_argument("--num-examples", type=int, default=3, help="show: how many examples")
+    sp.add_argument("--num-examples", type=_at_least(1), default=3, help="show: how many examples")
     sp.set_defaults(fn=cmd_tasks)
 
     from t5lite.cli import listings
@@ -293,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cache: where to write (default: DATA_DIR/seqio_cache; then set "
                     "data.cache_dir to it)")
     sp.add_argument("--splits", nargs="+", help="cache: only these splits (default: all)")
-    sp.add_argument("--shards", type=int, default=1, help="cache: TFRecord files per split")
+    sp.add_argument("--shards", type=_at_least(1), default=1,
+                    help="cache: TFRecord files per split")
     sp.add_argument("--data-dir", default="",
                     help="where to build (default: $T5LITE_DATA_DIR or ~/.cache/t5lite)")
     sp.add_argument("--force", action="store_true",
@@ -337,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tiny (CPU smoke test; the default, but paper for --estimate), small "
                     "(CPU study on topic_debian) or paper (T5 base, C4 + the paper's "
                     "benchmarks, 2^19 + 2^18 steps)")
-    sp.add_argument("--seeds", type=int, default=1,
+    sp.add_argument("--seeds", type=_at_least(1), default=1,
                     help="run each row N times (seeds 0..N-1); the table shows mean ± std")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override for every row and stage (repeatable); "
