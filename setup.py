@@ -30,6 +30,7 @@ setup(
         "numpy>=1.26",
         "tiktoken>=0.7",  # GPT-2 BPE vocabulary (t5lite/tasks/vocabularies.py)
         "safetensors>=0.4",  # t5lite convert: Hugging Face weights
+        "tokenizers>=0.20",  # t5lite convert export: tokenizer.json of SentencePiece vocabularies
         # gs:// workdirs (t5lite/store/gcs.py): epath's files through gcsfs, the lock's
         # conditional writes and TensorBoard through google-cloud-storage
         "gcsfs>=2026.9.0",

@@ -287,21 +287,101 @@ def test_t5_rescaled_head_with_own_weights_folds_the_scale(hf_models, tmp_path):
                                head.T * cfg.model.d_model ** -0.5, rtol=1e-6)
 
 
-def test_bert_preset_with_pooler_but_no_nsp_exports_and_round_trips(tmp_path):
-    """The BERT presets (MLM pretraining: pooler, no NSP head) export as BertForMaskedLM with
-    the pooler weights kept, load in transformers, and import back bit-exactly."""
-    import flax.linen as nn
+def test_bert_preset_with_pooler_but_no_nsp_exports_as_masked_lm_without_unexpected_keys(
+        tmp_path):
+    """The BERT presets (MLM pretraining: pooler, no NSP head) export as BertForMaskedLM, which
+    has no pooler: the untrained pooler is left out, so transformers loads every tensor it gets
+    and reports none unexpected or missing; the export imports back bit-exactly."""
     import transformers
-    from t5lite import config as config_lib
-    from t5lite.models import build_model, dummy_batch
     cfg = config_lib.load_config("bert_tiny")
     assert cfg.model.pooler and not cfg.model.nsp_head
-    batch = dummy_batch(cfg.model, 1, {"inputs": 8})
-    params = nn.meta.unbox(build_model(cfg.model).init(jax.random.key(0), batch,
-                                                        deterministic=True)["params"])
-    out = convert.t5lite_to_hf(cfg, jax.device_get(params), str(tmp_path / "hf"))
-    pooler = transformers.BertModel.from_pretrained(out).pooler.dense.weight.detach().numpy()
-    np.testing.assert_array_equal(pooler, np.asarray(params["pooler"]["kernel"]).T)
+    params = _zeros_like_params(cfg.model, seed=0)
+    out = convert.t5lite_to_hf(cfg.model, params, str(tmp_path / "hf"))
+    _, info = transformers.AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
     cfg2, params2 = convert.hf_to_t5lite(out)
-    assert cfg2.model.pooler and not cfg2.model.nsp_head
-    assert_bitwise_equal(params, params2)
+    assert not cfg2.model.pooler and not cfg2.model.nsp_head
+    assert_bitwise_equal({k: v for k, v in params.items() if k != "pooler"}, params2)
+
+
+def _zeros_like_params(m, seed=0):
+    """Random float32 params of model config m (shapes from abstract init; no compile)."""
+    import flax.linen as nn
+    from t5lite.models import abstract_params
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32) * 0.02,
+                        nn.meta.unbox(abstract_params(m)))
+
+
+TOKENIZER_TEXTS = [
+    "translate English to German: Hello world",
+    "It's a 3.5-star movie -- isn't it? I'd say they've won 1,000,000 dollars!!",
+    "  Leading spaces,\ttabs\nand newlines   and  double  spaces. ",
+    "Café naïve résumé Straße Ünïcödé; emoji \U0001F600 and CJK 日本語 text.",
+    "UPPER lower MiXeD CamelCaseWords and hyphen-ated-words, e.g. U.S.A. vs. USA.",
+]
+
+
+@pytest.fixture(scope="module")
+def vocab_root():
+    from t5lite import dataprep
+    return dataprep.build.ensure_prepared(["vocab_t5", "vocab_gpt2", "vocab_bert"])
+
+
+# preset, vocabulary, model vocab_size (the ids padded as the configs pad them)
+TOKENIZER_CASES = [("t5_1_1_tiny", "t5lite_sp8k", 768), ("t5_1_1_tiny", "t5", 32128),
+                   ("bert_tiny", "bert", 30592), ("gpt2_tiny", "gpt2", 50304)]
+
+
+@pytest.mark.parametrize("preset,vocab_name,vocab_size", TOKENIZER_CASES,
+                         ids=[c[1] for c in TOKENIZER_CASES])
+def test_export_writes_a_tokenizer_that_encodes_as_t5lite(preset, vocab_name, vocab_size,
+                                                         data_dir, vocab_root, tmp_path,
+                                                         monkeypatch):
+    """AutoTokenizer.from_pretrained(export) gives t5lite's ids, with the special tokens the
+    tasks add (T5: EOS; BERT: [CLS] ... [SEP]), byte fallback (the test data dir's
+    SentencePiece model falls back to bytes) and sentinels included."""
+    import transformers
+    from t5lite.tasks import vocabularies
+    root = data_dir if vocab_name == "t5lite_sp8k" else vocab_root
+    monkeypatch.setenv("T5LITE_DATA_DIR", root)  # where t5lite's own vocabulary reads
+    cfg = config_lib.load_config(preset, [f"model.vocab_size={vocab_size}",
+                                          f"eval.vocabulary={vocab_name}",
+                                          f"data.data_dir={root}"])
+    out = convert.t5lite_to_hf(cfg, _zeros_like_params(cfg.model), str(tmp_path / "hf"),
+                               tokenizer=True)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    vocab = vocabularies.get_vocabulary(vocab_name)
+    for text in TOKENIZER_TEXTS:
+        ids = list(vocab.encode(text))
+        if vocab_name == "bert":
+            want = [vocab.cls_id] + ids + [vocab.sep_id]
+        else:
+            want = ids if vocab_name == "gpt2" else ids + [vocab.eos_id]
+        assert tok(text)["input_ids"] == want, text
+    if vocab_name == "t5lite_sp8k":
+        byte_ids = vocab.encode("日本語")  # not among the test model's 600 pieces
+        assert any(3 <= i < 3 + 256 for i in byte_ids)  # <0x00>..<0xFF> follow pad, eos, unk
+        assert tok("日本語")["input_ids"][:-1] == byte_ids
+    if vocab.extra_ids:
+        n = vocab.vocab_size
+        assert tok.convert_tokens_to_ids(["<extra_id_0>", f"<extra_id_{vocab.extra_ids - 1}>"]
+                                         ) == [n - 1, n - vocab.extra_ids]
+    assert (tok.pad_token_id if vocab_name != "gpt2" else 0) == vocab.pad_id
+    assert tok.decode(tok(TOKENIZER_TEXTS[0])["input_ids"], skip_special_tokens=True) == (
+        vocab.decode(vocab.encode(TOKENIZER_TEXTS[0])))
+
+
+def test_export_states_when_no_tokenizer_fits(hf_models, tmp_path, capsys):
+    """An imported HF model names no task of its own: the default task's vocabulary does not
+    fit it, so export writes weights only and says why (required: a UserError, nothing
+    written)."""
+    src, _ = hf_models["t5_v1_1"]
+    cfg, params = convert.hf_to_t5lite(src)
+    with pytest.raises(UserError, match="does not fit|data prepare"):
+        convert.t5lite_to_hf(cfg, params, str(tmp_path / "required"), tokenizer=True)
+    assert not os.path.exists(tmp_path / "required")
+    assert cli.main(["convert", "import", src, str(tmp_path / "imported")]) == 0
+    assert cli.main(["convert", "export", str(tmp_path / "imported"), str(tmp_path / "hf")]) == 0
+    assert "no tokenizer written" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors"]

@@ -294,8 +294,11 @@ def export_hf_command(src: str, dst: str) -> None:
                         f"`t5lite convert merge-lora {src} {merged}`, then `t5lite convert "
                         f"export {merged} {dst}`.")
     convert.t5lite_to_hf(cfg, params, dst)
+    vocab, why = convert.tokenizer_files.find(cfg)
+    files = " + ".join(sorted(os.listdir(dst)))
     print(f"exported {src} as {convert.config_to_hf(cfg.model)['architectures'][0]} -> {dst} "
-          "(config.json + model.safetensors; load with from_pretrained)")
+          f"({files}; load with from_pretrained)"
+          + (f"; tokenizer: {vocab.name}" if vocab else f"; no tokenizer written: {why}"))
 
 
 def merge_lora_command(src: str, dst: str) -> None:

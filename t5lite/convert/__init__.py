@@ -11,7 +11,9 @@ ElectraForPreTraining (the discriminator; a t5lite ELECTRA with a generator expo
 discriminator only). ``hf_to_t5lite`` maps the HF config.json onto a t5lite Config and every HF
 tensor onto the t5lite parameter tree (layout: t5lite/models/architectures.py docstring), for
 ``scan_layers`` True (layers stacked on a leading axis) or False (``layers_0 ...``).
-``t5lite_to_hf`` writes config.json + model.safetensors that ``from_pretrained`` loads.
+``t5lite_to_hf`` writes config.json + model.safetensors that ``from_pretrained`` loads, and
+the tokenizer files of the checkpoint's task (tokenizer_files), so that
+``AutoTokenizer.from_pretrained`` encodes text to the ids the model was trained on.
 
 One module per family holds its config mapping and its table of Rules (a t5lite path, an HF
 tensor name and its HF shape, whether HF stores it transposed (torch Linear: [out, in]) and,
@@ -20,6 +22,7 @@ the Rule machinery, families picks the family, params applies the rules, hf_file
 writes HF dirs. Nothing here touches the network: only files in the given directory are read.
 """
 
+from t5lite.convert import tokenizer_files
 from t5lite.convert.common import Rule
 from t5lite.convert.families import (SUPPORTED, config_from_hf, config_to_hf, family_of,
                                      hf_architecture)
@@ -27,4 +30,5 @@ from t5lite.convert.hf_files import read_hf_config, read_hf_dir
 from t5lite.convert.params import hf_to_t5lite, t5lite_to_hf
 
 __all__ = ["Rule", "SUPPORTED", "config_from_hf", "config_to_hf", "family_of",
-           "hf_architecture", "hf_to_t5lite", "read_hf_config", "read_hf_dir", "t5lite_to_hf"]
+           "hf_architecture", "hf_to_t5lite", "read_hf_config", "read_hf_dir", "t5lite_to_hf",
+           "tokenizer_files"]

@@ -211,6 +211,16 @@ def _discriminator(m, params: dict) -> tuple:
     return m, {k: v for k, v in params.items() if not k.startswith("generator")}
 
 
+def _masked_lm(m, params: dict) -> tuple:
+    """BertForMaskedLM has no pooler: without the NSP head (and export refuses class heads)
+    nothing trained it, so it is left out rather than written as keys transformers reports
+    unexpected."""
+    if not m.pooler or m.nsp_head:
+        return m, params
+    return dataclasses.replace(m, pooler=False), {k: v for k, v in params.items()
+                                                  if k != "pooler"}
+
+
 def _encoder_export_problems(m) -> list:
     return narrow_embedding_problems(m) + head_split_problems(m)
 
@@ -224,7 +234,8 @@ BERT = Family(
     name="bert", config_to_hf=_bert_config_to_hf, rules=_bert_rules,
     fill_config=functools.partial(_fill_encoder, family="bert"),
     export_needs=_EXPORT_NEEDS, ffn_out=ACT_OUT, tied_head=_TIED_HEAD,
-    export_problems=_encoder_export_problems, fix_exported=_bert_fix_exported)
+    export_problems=_encoder_export_problems, fix_exported=_bert_fix_exported,
+    exported_model=_masked_lm)
 
 ROBERTA = Family(
     name="roberta", config_to_hf=_roberta_config_to_hf, rules=_bert_rules,

@@ -6,9 +6,12 @@ silently."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from flax import traverse_util
 
+from t5lite.convert import tokenizer_files
 from t5lite.convert.common import Rule
 from t5lite.convert.families import (FAMILIES, SUPPORTED, config_from_hf, family_of,
                                      hf_architecture)
@@ -44,20 +47,35 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     return cfg, traverse_util.unflatten_dict(flat)
 
 
-def t5lite_to_hf(cfg, params, out_dir: str) -> str:
+def t5lite_to_hf(cfg, params, out_dir: str, tokenizer: Optional[bool] = None) -> str:
     """Write ``out_dir/config.json`` + ``model.safetensors`` loadable by transformers'
-    from_pretrained; returns out_dir. ``params``: the unboxed tree for ``cfg`` (Config or
-    ModelConfig)."""
+    from_pretrained, and the tokenizer files of the task's vocabulary (tokenizer_files);
+    returns out_dir. ``params``: the unboxed tree for ``cfg`` (Config or ModelConfig).
+    ``tokenizer``: None writes it when ``cfg`` names a task whose vocabulary fits the model
+    (``tokenizer_files.find`` says why not), True requires it, False writes weights only."""
     m = getattr(cfg, "model", cfg)
     family = FAMILIES[family_of(m)]
     hf_cfg = family.config_to_hf(m)
+    vocab, why = tokenizer_files.find(cfg) if tokenizer is not False else (None, "")
+    if tokenizer and vocab is None:
+        raise UserError(f"no tokenizer can be exported: {why}.")
     m, params = family.exported_model(m, params)
     rules, _ = family.rules(m)
     flat = {p: np.asarray(v, np.float32)
             for p, v in traverse_util.flatten_dict(params).items()}
     _check_params(flat, _abstract_leaves(m))
     tensors = family.fix_exported(m, hf_cfg, _tensors_from_rules(rules, flat, m.scan_layers))
-    return write_hf_dir(hf_cfg, tensors, out_dir)
+    write_hf_dir(hf_cfg, tensors, out_dir)
+    if vocab is not None:
+        tokenizer_files.write(vocab, out_dir, _max_length(cfg, m))
+    return out_dir
+
+
+def _max_length(cfg, m) -> int:
+    """What the tokenizer may hand the model: the learned positions, or (T5) the task's."""
+    if m.position == "learned":
+        return m.max_length
+    return int(dict(cfg.data.feature_lengths).get("inputs", 512))
 
 
 def _layer_norm_names(tensors: dict) -> dict:
