@@ -385,3 +385,16 @@ def test_export_states_when_no_tokenizer_fits(hf_models, tmp_path, capsys):
     assert cli.main(["convert", "export", str(tmp_path / "imported"), str(tmp_path / "hf")]) == 0
     assert "no tokenizer written" in capsys.readouterr().out
     assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors"]
+
+
+def test_eval_of_an_imported_bert_says_to_finetune_first(hf_models, tmp_path, data_dir, capsys):
+    """BertForPreTraining has no classifier head: `t5lite eval` on it says to finetune first
+    (with the command), not that BERT cannot generate."""
+    ckpt = str(tmp_path / "bert")
+    assert cli.main(["convert", "import", hf_models["bert"][0], ckpt]) == 0
+    capsys.readouterr()
+    assert cli.main(["eval", "--workdir", ckpt, "--task", "sentiment_cls"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no classifier head" in err
+    assert "finetune it on a classification task first" in err
+    assert "--set checkpoint.init_from=" in err

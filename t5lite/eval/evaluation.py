@@ -284,6 +284,21 @@ def _eos_id(cfg) -> int:
     return int(task.output_features["targets"].vocabulary.eos_id)
 
 
+def _no_classifier(m) -> str:
+    """What to do with a BERT checkpoint eval cannot score: BERT does not generate text, so
+    eval measures its classifier head, which MLM pretraining does not train."""
+    heads = [h for h, on in (("token", m.num_token_classes), ("span", m.span_head)) if on]
+    if heads:
+        return (f"eval scores BERT classifier heads (model.num_classes > 0); this checkpoint "
+                f"has {' and '.join(heads)} heads only, which eval does not score.")
+    return ("this BERT checkpoint has no classifier head (model.num_classes=0, as after MLM "
+            "pretraining) and BERT does not generate text: finetune it on a classification "
+            "task first, e.g. `t5lite train --config configs/tiny_bert_sentiment.py --workdir "
+            "runs/bert_cls --set checkpoint.init_from=CHECKPOINT` (with the task and "
+            "model.vocab_size of the checkpoint's vocabulary), then `t5lite eval --workdir "
+            "runs/bert_cls`.")
+
+
 def evaluate(cfg, model, params, tasks: Sequence[str] = (), split: str = "",
              max_examples: int = -1, mesh=None, log_dir: str = "",
              step: Optional[int] = None) -> dict:
@@ -298,6 +313,8 @@ def evaluate(cfg, model, params, tasks: Sequence[str] = (), split: str = "",
         for t in tasks:
             out.update(_classifier_metrics(cfg, model, params, t, split, max_examples, mesh))
         return out
+    if cfg.model.architecture == "encoder_only":
+        raise UserError(_no_classifier(cfg.model))
     predictor = Predictor(cfg, model, params, _eos_id(cfg), mesh)
     for t in tasks:
         out.update(_seqio_metrics(cfg, predictor, t, split, max_examples, log_dir, step))
