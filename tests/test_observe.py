@@ -149,6 +149,79 @@ def test_warmup_longer_than_the_run_is_warned_about(schedule, warmup, steps, sta
         assert f"ends at {last:.3g}" in line and "lower optim.warmup_steps" in line, line
 
 
+def _wandb_records(path):
+    """The records of a W&B offline run file (run-<id>.wandb): W&B's LevelDB-style log (a
+    7-byte ":W&B" header, 32 KiB blocks of chunks: crc32 (4), length (2), type (1: whole,
+    2 / 3 / 4: first / middle / last)), each record a wandb_internal_pb2.Record."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B", data[:8]
+    pos, buf, out = 7, b"", []
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header: padding
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        buf += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(buf)
+            out.append(record)
+            buf = b""
+    return out
+
+
+def test_metrics_go_to_weights_and_biases_when_asked(tmp_path, monkeypatch):
+    """train.wandb_project: the same records in a W&B run (offline mode here), with the
+    config; a resume continues the same W&B run, its records on the training step's axis."""
+    from t5lite.monitor import writers
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home"))
+    cfg = config_lib.Config()
+    cfg.train.wandb_project, cfg.train.wandb_mode = "t5lite-test", "offline"
+    workdir = str(tmp_path / "run")
+    for start, losses in ((0, {1: 3.0, 2: 2.5, 3: 2.0}), (2, {3: 1.9})):  # then a resume at 2
+        logger = writers.MetricsLogger(workdir, 3, start_step=start, enabled=True,
+                                       progress_bar=False)
+        logger.write_config(config_lib.to_dict(cfg))
+        for step, loss in losses.items():
+            logger.write(step, {"loss": loss, "grad_norm": float("nan")})
+        logger.write(3, {"loss": 2.2}, prefix="eval")
+        logger.close()
+    run_id = json.load(open(os.path.join(workdir, "wandb_run.json")))["id"]
+    runs = sorted(glob.glob(os.path.join(workdir, "wandb", f"offline-run-*-{run_id}",
+                                         f"run-{run_id}.wandb")))
+    assert len(runs) == 2, os.listdir(os.path.join(workdir, "wandb"))
+    seen = []
+    for path in runs:
+        records = _wandb_records(path)
+        (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        assert run.run_id == run_id and run.project == "t5lite-test"
+        config = {u.key: json.loads(u.value_json) for u in run.config.update}
+        assert config["train"] == json.loads(json.dumps(config_lib.to_dict(cfg)["train"]))
+        for r in records:
+            if r.WhichOneof("record_type") == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                       for i in r.history.item}
+                seen.append({k: v for k, v in row.items() if not k.startswith("_")})
+    assert seen == [{"step": 1, "train/loss": 3.0}, {"step": 2, "train/loss": 2.5},
+                    {"step": 3, "train/loss": 2.0}, {"step": 3, "eval/loss": 2.2},
+                    {"step": 3, "train/loss": 1.9}, {"step": 3, "eval/loss": 2.2}], seen
+
+
+def test_wandb_asked_but_not_installed_says_how(tmp_path, monkeypatch):
+    import sys
+    from t5lite.monitor import writers
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    cfg = config_lib.Config()
+    cfg.train.wandb_project = "p"
+    logger = writers.MetricsLogger(str(tmp_path), 3, enabled=True, progress_bar=False)
+    with pytest.raises(UserError, match="wandb is not installed: pip install wandb"):
+        logger.write_config(config_lib.to_dict(cfg))
+    logger.close()
+
+
 # ----------------------------------------------------------------------------- plots
 
 

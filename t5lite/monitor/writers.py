@@ -1,5 +1,6 @@
-"""Training metrics: console progress bar (tqdm), TensorBoard events (tensorboardX) and
-workdir/metrics.jsonl; model FLOPs utilisation (MFU).
+"""Training metrics: console progress bar (tqdm), TensorBoard events (tensorboardX),
+workdir/metrics.jsonl and, when train.wandb_project asks, a Weights & Biases run; model FLOPs
+utilisation (MFU).
 
 Only process 0 writes. On resume, records after the restored step are dropped from the JSONL
 and TensorBoard is told to purge them, so the logs always describe one consistent run.
@@ -16,6 +17,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from t5lite.errors import UserError
 from t5lite.tpu import topology
 
 
@@ -74,7 +76,7 @@ class MetricsLogger:
                  progress_bar: bool = True):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self.bar = self.tb = None
+        self.bar = self.tb = self.wandb = None
         if not self.enabled:
             return
         epath.Path(workdir).mkdir(parents=True, exist_ok=True)  # epath: workdir may be gs://
@@ -123,6 +125,8 @@ class MetricsLogger:
         for k, v in scalars.items():
             if math.isfinite(v):
                 self.tb.add_scalar(f"{prefix}/{k}", v, step)
+        if self.wandb is not None:
+            self.wandb.write(step, scalars, prefix)
         if self.bar is not None:
             if prefix == "train":
                 show = {"loss": "{:.4f}", "accuracy": "{:.3f}", "lr": "{:.2e}",
@@ -141,9 +145,12 @@ class MetricsLogger:
 
     def write_config(self, config: dict) -> None:
         """The resolved config in TensorBoard: as text (Text tab) and as hparams (HParams tab,
-        against the train / eval loss), so runs can be told apart and compared."""
+        against the train / eval loss), so runs can be told apart and compared. A config with
+        train.wandb_project also starts (or resumes) the workdir's W&B run, with the config."""
         if self.tb is None:
             return
+        if config.get("train", {}).get("wandb_project") and self.wandb is None:
+            self.wandb = WandbWriter(os.path.dirname(self.path), config)
         from tensorboardX.summary import hparams
         self.tb.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
         flat = {}
@@ -166,5 +173,58 @@ class MetricsLogger:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
         if self.bar is not None:
             self.bar.close()
+
+
+class WandbWriter:
+    """The same records in a Weights & Biases run (``import wandb`` only here: an optional
+    dependency). One W&B run per workdir: its id is kept in WORKDIR/wandb_run.json, so a resumed
+    run continues it. W&B cannot drop the records after a restored checkpoint as metrics.jsonl
+    and TensorBoard do, so every record carries its training step as the x-axis ("step")
+    instead of W&B's own counter: a resumed run's curves continue from the restored step."""
+
+    def __init__(self, workdir: str, config: dict):
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("train.wandb_project is set but wandb is not installed: pip install "
+                            "wandb (or unset train.wandb_project)") from None
+        train = config.get("train", {})
+        try:
+            self.run = wandb.init(
+                project=train["wandb_project"], entity=train.get("wandb_entity") or None,
+                mode=train.get("wandb_mode") or None, id=_wandb_run_id(workdir),
+                resume="allow", name=os.path.basename(workdir.rstrip("/")), config=config,
+                dir=None if "://" in workdir else workdir,  # W&B's own files: local only
+                settings=wandb.Settings(console="off", quiet=True))
+        except wandb.errors.Error as e:  # not logged in, no network, a bad entity
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserError(f"Weights & Biases: {first}; run `wandb login`, or set "
+                            "train.wandb_mode=offline (sync later with `wandb sync`)") from None
+        self.run.define_metric("step", hidden=True)
+        self.run.define_metric("*", step_metric="step")
+
+    def write(self, step: int, scalars: dict, prefix: str) -> None:
+        self.run.log({"step": step, **{f"{prefix}/{k}": v for k, v in scalars.items()
+                                       if math.isfinite(v)}})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _wandb_run_id(workdir: str) -> str:
+    """The workdir's W&B run id (WORKDIR/wandb_run.json), made on first use."""
+    path = epath.Path(workdir) / "wandb_run.json"
+    try:
+        return json.loads(path.read_text())["id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    import uuid
+    from t5lite.store.paths import write_atomic
+    run_id = uuid.uuid4().hex[:12]
+    write_atomic(path, json.dumps({"id": run_id}))
+    return run_id
