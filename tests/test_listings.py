@@ -72,3 +72,36 @@ def test_layerwise_counts_of_every_model_config():
     for name in sorted(n for n in config_lib.available_configs() if "/" not in n):
         cfg = config_lib.load_config(name).model
         assert layerwise_counts(cfg) == _counts(abstract_params(cfg)), name
+
+
+def test_tasks_list_folds_to_the_terminal_and_filters_by_name(monkeypatch, capsys):
+    """A terminal gets the table cut to its width (members folded to a count and the first
+    names, long cells end in "…", features / vocabulary dropped when still too wide); a name
+    filter is a substring or a glob; a pipe (or --wide) gets every cell."""
+    from t5lite.cli import listings
+    from t5lite.cli import main as cli
+    from t5lite.errors import UserError
+    for width in (80, 100, 160):
+        lines = listings.tasks_table(width=width).splitlines()
+        assert max(len(line) for line in lines) <= width, width
+        assert {line.split()[0] for line in lines[2:-2]} >= {"paper_glue", "sentiment"}
+    text = listings.tasks_table("paper_glue", width=100)
+    names = [line.split()[0] for line in text.splitlines()[2:-1]]
+    assert names[-1] == "paper_glue" and all(n.startswith("paper_glue") for n in names)
+    assert len(names) == 12 and "8: paper_glue_cola, " in text and "…" in text
+    assert "inputs,targets" in text and "t5_spiece.model" in text  # room enough: kept
+    wide = listings.tasks_table("paper_glue")
+    assert " + ".join(sorted(n for n in names if n.count("_") == 2)[:8]) in wide
+    glob = listings.tasks_table("paper_glue_m*")
+    assert [line.split()[0] for line in glob.splitlines()[2:-1]] == [
+        "paper_glue_mnli", "paper_glue_mnli_matched", "paper_glue_mnli_mismatched",
+        "paper_glue_mrpc"]
+    with pytest.raises(UserError, match="no task or mixture matches 'paper_glu_cola'. Did you "
+                                        "mean: paper_glue_cola"):
+        listings.tasks_table("paper_glu_cola")
+    monkeypatch.setenv("COLUMNS", "90")
+    assert cli.main(["tasks", "list", "glue"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 90 and "paper_super_glue " in out
+    assert cli.main(["tasks", "list", "glue", "--wide"]) == 0
+    assert "paper_glue_cola + paper_glue_mnli + " in capsys.readouterr().out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 from t5lite.errors import Preempted, UserError
@@ -100,7 +101,10 @@ def cmd_models(args):
 def cmd_tasks(args):
     if args.action == "list":
         from t5lite.cli import listings
-        print(listings.tasks_table())
+        # a terminal gets a table folded to its width; a pipe or --wide every cell
+        tty = sys.stdout.isatty() or "COLUMNS" in os.environ
+        width = None if args.wide or not tty else shutil.get_terminal_size().columns
+        print(listings.tasks_table(args.name or "", width=width))
     else:
         if not args.name:
             raise UserError("`t5lite tasks show` needs a task or mixture name; "
@@ -293,9 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("tasks", "list tasks (and whether their data is prepared) / show examples")
     sp.add_argument("action", choices=["list", "show"],
                     help="list: every task and mixture; show: decoded examples of NAME")
-    sp.add_argument("name", nargs="?", help="show: the task or mixture")
+    sp.add_argument("name", nargs="?", help="show: the task or mixture; list: only the names "
+                    "that contain NAME or match it as a glob (paper_*)")
     sp.add_argument("--split", default="train", help="show: the split to read")
     sp.add_argument("--num-examples", type=_at_least(1), default=3, help="show: how many examples")
+    sp.add_argument("--wide", action="store_true",
+                    help="list: every cell in full (a terminal otherwise gets the table folded "
+                    "to its width)")
     sp.set_defaults(fn=cmd_tasks)
 
     from t5lite.cli import listings
