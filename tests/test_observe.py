@@ -220,6 +220,17 @@ def test_wandb_asked_but_not_installed_says_how(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="wandb is not installed: pip install wandb"):
         logger.write_config(config_lib.to_dict(cfg))
     logger.close()
+    # train() checks first, before the run writes anything: a run without wandb stops there
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    workdir = tmp_path / "run"
+    with pytest.raises(UserError, match="wandb is not installed"):
+        trainer.train(cfg, str(workdir))
+    assert not workdir.exists()
+    cfg.train.wandb_project = ""
+    writers.check_wandb(cfg.train)
 
 
 # ----------------------------------------------------------------------------- plots

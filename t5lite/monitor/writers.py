@@ -180,6 +180,18 @@ class MetricsLogger:
             self.bar.close()
 
 
+def check_wandb(train_cfg) -> None:
+    """Before a run writes anything: train.wandb_project needs wandb installed (found, not
+    imported: importing it costs seconds)."""
+    import importlib.util
+    if train_cfg.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise UserError(_NO_WANDB)
+
+
+_NO_WANDB = ("train.wandb_project is set but wandb is not installed: pip install wandb (or "
+             "unset train.wandb_project)")
+
+
 class WandbWriter:
     """The same records in a Weights & Biases run (``import wandb`` only here: an optional
     dependency). One W&B run per workdir: its id is kept in WORKDIR/wandb_run.json, so a resumed
@@ -191,8 +203,7 @@ class WandbWriter:
         try:
             import wandb
         except ImportError:
-            raise UserError("train.wandb_project is set but wandb is not installed: pip install "
-                            "wandb (or unset train.wandb_project)") from None
+            raise UserError(_NO_WANDB) from None
         train = config.get("train", {})
         try:
             self.run = wandb.init(

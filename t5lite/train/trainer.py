@@ -55,6 +55,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
     parse_skip(cfg.train.skip_batches)  # a malformed one stops here, before any write
+    writers.check_wandb(cfg.train)
     workdir = checkpointing.abspath(workdir)
     preemption = guards.Preemption()  # from here on SIGTERM saves instead of killing the run
     lock = None
