@@ -105,3 +105,18 @@ def test_tasks_list_folds_to_the_terminal_and_filters_by_name(monkeypatch, capsy
     assert max(len(line) for line in out.splitlines()) <= 90 and "paper_super_glue " in out
     assert cli.main(["tasks", "list", "glue", "--wide"]) == 0
     assert "paper_glue_cola + paper_glue_mnli + " in capsys.readouterr().out
+
+
+def test_tasks_show_names_berts_special_tokens():
+    """BERT's decode drops [CLS] / [SEP] and stops at the first [SEP]; `tasks show` names them
+    where they stand, so a sentence pair shows both sentences and MLM shows its masks."""
+    from t5lite import dataprep
+    from t5lite.tasks import registered, vocabularies
+    dataprep.build.ensure_prepared(["vocab_bert", "vocab_t5"])
+    bert = vocabularies.get_vocabulary("bert")
+    cat, sat = bert.encode("the cat"), bert.encode("sat down")
+    ids = [bert.CLS] + cat[:1] + [bert.MASK] + [bert.SEP] + sat + [bert.SEP]
+    assert registered._decode(bert, ids) == "[CLS] the [MASK] [SEP] sat down [SEP]"
+    assert bert.decode(ids) == "the [MASK]"  # what a plain decode shows
+    sp = vocabularies.get_vocabulary("t5")  # others: their own decode, unchanged
+    assert registered._decode(sp, sp.encode("the cat")) == "the cat"

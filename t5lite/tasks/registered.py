@@ -61,11 +61,31 @@ def list_tasks() -> str:
 
 
 def _decode(vocab, ids) -> str:
+    """The text of ``ids``, with BERT's [CLS] / [SEP] / [MASK] named where they stand (its
+    decode drops them and stops at the first [SEP], which would hide a sentence pair's
+    second sentence)."""
     ids = [int(i) for i in ids]
+    special = _special_tokens(vocab)
     try:
-        return vocab.decode(ids)
+        parts, run = [], []
+        for i in ids + [None]:
+            if i is None or i in special:
+                parts += [vocab.decode(run)] if run else []
+                parts += [special[i]] if i is not None else []
+                run = []
+            else:
+                run.append(i)
+        return " ".join(p for p in parts if p)
     except Exception:  # pylint: disable=broad-except
         return str(ids)
+
+
+def _special_tokens(vocab) -> dict:
+    """{id: name} of the tokens a vocabulary's decode leaves out (BERT's)."""
+    from t5lite.tasks.vocabularies import BertVocabulary
+    if not isinstance(vocab, BertVocabulary):
+        return {}
+    return {vocab.CLS: "[CLS]", vocab.SEP: "[SEP]", vocab.MASK: "[MASK]"}
 
 
 def show_task(name: str, split: str = "train", num_examples: int = 3,
