@@ -372,6 +372,38 @@ def test_diverged_run_resumes_with_a_lower_learning_rate_and_skips_batches(wd, c
     assert lr[4] == pytest.approx(1e-2) and lr[5] == pytest.approx(1e-3), lr
 
 
+def test_config_guard_lets_through_what_leaves_the_state_shapes_alone(tmp_path):
+    from t5lite import config as config_lib
+    from t5lite.errors import UserError
+    from t5lite.store import workdir as workdir_lib
+    for name, change, allowed in (
+            ("adafactor", {"optim.learning_rate": 1e-3, "optim.schedule": "cosine"}, True),
+            ("adafactor", {"train.grad_accum_steps": 2, "optim.eps": 1e-6}, True),
+            ("adafactor", {"optim.clip_grad_norm": 1.0}, False),
+            ("adafactor", {"optim.weight_decay": 0.1}, False),
+            ("adamw", {"optim.weight_decay": 0.1, "optim.b2": 0.95}, True),
+            ("adamw", {"optim.clip_grad_norm": 1.0}, False),
+            ("adamw", {"optim.name": "adafactor"}, False)):
+        cfg = config_lib.Config()
+        cfg.optim.name = name
+        wd = str(tmp_path / f"{name}-{len(os.listdir(tmp_path))}")
+        workdir_lib.write_config(cfg, wd)
+        changed = config_lib.replace(cfg, change)
+        with pytest.raises(UserError, match="--allow-config-change" if allowed else
+                           "cannot continue under these changes"):
+            workdir_lib.check_config(changed, wd)
+        if allowed:
+            assert workdir_lib.check_config(changed, wd, allow_change=True) is True
+        else:
+            with pytest.raises(UserError, match="cannot continue"):
+                workdir_lib.check_config(changed, wd, allow_change=True)
+    # a clipping threshold changed (not switched on or off) keeps the layout
+    cfg = config_lib.replace(config_lib.Config(), {"optim.clip_grad_norm": 1.0})
+    workdir_lib.write_config(cfg, str(tmp_path / "clip"))
+    assert workdir_lib.check_config(config_lib.replace(cfg, {"optim.clip_grad_norm": 0.5}),
+                                    str(tmp_path / "clip"), allow_change=True)
+
+
 def test_skip_batches_drops_n_batches_only_when_resuming_at_its_step():
     import tensorflow as tf
     from t5lite import config as config_lib

@@ -330,13 +330,15 @@ PLACEMENT_KEYS = ("name", "mesh.", "checkpoint.async_save", "checkpoint.init_fro
 # --allow-config-change and recorded in WORKDIR/config_history.jsonl. They are what recovering
 # a diverged run changes (resume the last good checkpoint with a lower learning rate, clipping,
 # and train.skip_batches past the spike). train.steps is also the end of the learning-rate
-# decay (cosine / linear), with optim.min_lr_ratio its floor.
+# decay (cosine / linear), with optim.min_lr_ratio its floor. train.grad_accum_steps splits the
+# same global batch into micro-batches (the same update: fewer activations, for a smaller slice).
 SAFE_KEYS = ("train.steps", "optim.min_lr_ratio", "train.log_every", "train.eval_every",
              "train.eval_steps", "train.stop_on_nan", "eval.", "decode.",
              "checkpoint.every_steps", "checkpoint.keep", "optim.learning_rate",
              "optim.schedule", "optim.warmup_steps", "optim.b1", "optim.b2", "optim.eps",
              "optim.weight_decay", "optim.clip_grad_norm", "train.z_loss",
-             "train.label_smoothing", "model.dropout_rate", "train.skip_batches")
+             "train.label_smoothing", "model.dropout_rate", "train.skip_batches",
+             "train.grad_accum_steps")
 HISTORY = "config_history.jsonl"
 
 
