@@ -410,11 +410,13 @@ def test_skip_batches_drops_n_batches_only_when_resuming_at_its_step():
     from t5lite.errors import UserError
     from t5lite.train import data
     cfg = config_lib.Config()
-    cfg.train.skip_batches = "3:2"
+    cfg.train.skip_batches, cfg.train.steps = "3:2", 10
     for start, first in ((3, 2), (0, 0), (5, 0)):
-        it = iter(tf.data.Dataset.range(10))
-        assert data.skip_batches(cfg, it, start, info=lambda _: None) == (2 if first else 0)
+        it, said = iter(tf.data.Dataset.range(10)), []
+        assert data.skip_batches(cfg, it, start, info=said.append) == (2 if first else 0)
         assert int(next(it)) == first
+        # a run starting before step 3 would train through it unskipped: it says so
+        assert ("is not applied" in " ".join(said)) == (start < 3), said
     cfg.train.skip_batches = "3:20"
     with pytest.raises(UserError, match="ran out after skipping 10 of 20"):
         data.skip_batches(cfg, iter(tf.data.Dataset.range(10)), 3)

@@ -108,6 +108,10 @@ def skip_batches(cfg, data_iter, start: int, info=print) -> int:
     next N batches (all hosts alike: each drops its rows of the same global batches), so the
     steps from S on see the data after them. -> the number skipped (0 at any other step)."""
     skip = parse_skip(cfg.train.skip_batches)
+    if skip is not None and start < skip[0] < cfg.train.steps:
+        info(f"note: train.skip_batches={cfg.train.skip_batches!r} is not applied: this run "
+             f"starts at step {start} and will train through step {skip[0]} (the skip happens "
+             f"only when a run resumes at step {skip[0]}: rerun from there)")
     if skip is None or skip[0] != start:
         return 0
     for n in range(skip[1]):
