@@ -404,6 +404,25 @@ def test_config_guard_lets_through_what_leaves_the_state_shapes_alone(tmp_path):
                                     str(tmp_path / "clip"), allow_change=True)
 
 
+def test_the_non_finite_step_message_names_a_rerun_the_guard_accepts(tmp_path):
+    import re as re_
+    from t5lite import config as config_lib
+    from t5lite.store import workdir as workdir_lib
+    for clip in (0.0, 1.0):
+        cfg = config_lib.replace(config_lib.Config(), {"optim.clip_grad_norm": clip})
+        wd = str(tmp_path / f"clip{clip}")
+        workdir_lib.write_config(cfg, wd)
+        hint = workdir_lib.recovery_hint(cfg, 1200)
+        assert "--allow-config-change" in hint and "train.skip_batches=1200:N" in hint, hint
+        assert ("switching optim.clip_grad_norm on needs a new --workdir" in hint) == (not clip)
+        sets = dict(kv.split("=") for kv in re_.findall(r"--set (\S+=[^\s,)]+)", hint)
+                    if not kv.startswith("checkpoint."))
+        sets["train.skip_batches"] = sets["train.skip_batches"].replace("N", "200")
+        assert workdir_lib.check_config(config_lib.replace(cfg, [f"{k}={v}" for k, v in
+                                                                 sets.items()]), wd, True)
+    assert "--allow-config-change" not in workdir_lib.recovery_hint(cfg, 0)  # nothing saved
+
+
 def test_skip_batches_drops_n_batches_only_when_resuming_at_its_step():
     import tensorflow as tf
     from t5lite import config as config_lib

@@ -379,6 +379,22 @@ def config_diff(old: dict, new: dict) -> dict:
     return out
 
 
+def recovery_hint(cfg, last_step) -> str:
+    """What to do after a non-finite step, for the UserError that stops the run: resume from
+    the last good checkpoint in the same workdir with the changes SAFE_KEYS lets through."""
+    lr = cfg.optim.learning_rate
+    if not last_step:
+        return (f"Lower optim.learning_rate (now {lr:g}), set optim.clip_grad_norm, or check "
+                "the data.")
+    clip = (", a lower optim.clip_grad_norm" if cfg.optim.clip_grad_norm > 0 else
+            " (switching optim.clip_grad_norm on needs a new --workdir with --set "
+            "checkpoint.init_from=... checkpoint.init_state=true)")
+    return (f"To resume from it, rerun with --allow-config-change and a lower learning rate "
+            f"(--set optim.learning_rate={lr / 2:g}, now {lr:g}){clip}; after a loss spike "
+            f"also --set train.skip_batches={last_step}:N to skip the N batches that follow "
+            "it. Or check the data.")
+
+
 def format_diff(diff: dict, limit: int = 6) -> str:
     """'key old -> new, ...' of a config_diff (the first `limit`)."""
     items = [f"{k} {v[0]!r} -> {v[1]!r}" for k, v in diff.items()]

@@ -19,6 +19,7 @@ from t5lite.errors import Preempted, UserError
 from t5lite import peft
 from t5lite.monitor import flops as flops_lib, goodput, profiler, progress, writers
 from t5lite.store import checkpointing
+from t5lite.store import workdir as workdir_lib
 from t5lite.train import data, partitioning
 from t5lite.train.state import create_train_state, init_params
 from t5lite.train.step import make_eval_step, make_train_step, step_flops
@@ -222,7 +223,7 @@ class _Loop:
                 f"step {step} was not finite (the update overflowed the parameters: loss="
                 f"{m['loss']:.4g}, grad_norm={m['grad_norm']:.4g}, new param_norm="
                 f"{m['param_norm']:.4g}); stopped. The last checkpoint ({last}) "
-                "is good. Lower optim.learning_rate or set optim.clip_grad_norm.")
+                f"is good. {workdir_lib.recovery_hint(run.cfg, self.last_ckpt)}")
         if m.pop("finite"):
             return True
         if not run.cfg.train.stop_on_nan:
@@ -234,7 +235,7 @@ class _Loop:
             f"step {step} was not finite (loss={m['loss']:.4g}, grad_norm="
             f"{m['grad_norm']:.4g}); stopped. The "
             f"state was not updated and the last checkpoint ({last}) is "
-            "good. Lower optim.learning_rate, set optim.clip_grad_norm, or check the data.")
+            f"good. {workdir_lib.recovery_hint(run.cfg, self.last_ckpt)}")
 
     def _write_checkpoint(self, step: int) -> None:
         run = self.run_parts
