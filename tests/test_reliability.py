@@ -353,23 +353,29 @@ def test_safe_change_with_the_flag_keeps_the_old_config(wd, capsys):
 def test_diverged_run_resumes_with_a_lower_learning_rate_and_skips_batches(wd, capsys):
     """The usual recovery: resume from the last good checkpoint with a lower learning rate
     (and other optimizer / loss settings that leave the state's shapes alone), skipping the
-    batches after it; every change is recorded with the step it applies from."""
+    batches after it; every change is recorded with the step it applies from. Step 2 is the
+    good one here: the later checkpoint is moved out of the workdir first (README)."""
+    aside = wd.parent / "set_aside"
+    for sub in ("checkpoints", "data_state"):
+        shutil.move(wd / sub / "4", aside / sub / "4")
     old_rows, before = metrics_rows(wd), snapshot(wd)
     code, lines, out = run_cli(capsys, train_args(
         wd, "--allow-config-change", "--set", "optim.learning_rate=1e-3", "--set",
         "model.dropout_rate=0.05", "--set", "train.z_loss=0.0", "--set",
-        "optim.warmup_steps=50", "--set", "train.skip_batches=4:3", steps=6))
+        "optim.warmup_steps=50", "--set", "train.skip_batches=2:3", steps=6))
     assert code == 0, out[-3000:]
-    assert "skipped 3 training batches at step 4" in out
-    assert_kept(before, wd, metrics_upto=4, old_rows=old_rows)
+    assert "resumed from" in out and "checkpoints/2" in out, out[-3000:]
+    assert "skipped 3 training batches at step 2" in out
+    assert_kept(before, wd, metrics_upto=2, old_rows=old_rows)
     (row,) = [json.loads(x) for x in (wd / "config_history.jsonl").read_text().splitlines()]
-    assert row["step"] == 4 and row["kept_as"] == "config.1.json"
+    assert row["step"] == 2 and row["kept_as"] == "config.1.json"
     assert row["changes"]["optim.learning_rate"] == [1e-2, 1e-3]
-    assert row["changes"]["train.skip_batches"] == ["", "4:3"]
+    assert row["changes"]["train.skip_batches"] == ["", "2:3"]
     assert set(row["changes"]) == {"optim.learning_rate", "model.dropout_rate", "train.z_loss",
                                    "optim.warmup_steps", "train.skip_batches", "train.steps"}
     lr = {r["step"]: r["lr"] for r in metrics_rows(wd) if r["split"] == "train"}
-    assert lr[4] == pytest.approx(1e-2) and lr[5] == pytest.approx(1e-3), lr
+    assert sorted(lr) == [1, 2, 3, 4, 5, 6], lr
+    assert lr[2] == pytest.approx(1e-2) and lr[3] == pytest.approx(1e-3), lr
 
 
 def test_config_guard_lets_through_what_leaves_the_state_shapes_alone(tmp_path):
