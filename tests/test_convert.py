@@ -73,7 +73,8 @@ def test_round_trip_is_exact_and_loads_in_transformers(kind, hf_models, tmp_path
     hf_dir, hf_model = hf_models[kind]
     cfg, params = convert.hf_to_t5lite(hf_dir)
     out = convert.t5lite_to_hf(cfg, params, str(tmp_path / "export"))
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    # no tokenizer: an imported model names no task whose vocabulary fits it
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "t5lite_config.json"]
     cfg2, params2 = convert.hf_to_t5lite(out)
     assert cfg2.model == cfg.model
     assert_bitwise_equal(params, params2)
@@ -384,7 +385,8 @@ def test_export_states_when_no_tokenizer_fits(hf_models, tmp_path, capsys):
     assert cli.main(["convert", "import", src, str(tmp_path / "imported")]) == 0
     assert cli.main(["convert", "export", str(tmp_path / "imported"), str(tmp_path / "hf")]) == 0
     assert "no tokenizer written" in capsys.readouterr().out
-    assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors",
+                                                   "t5lite_config.json"]
 
 
 def test_eval_of_an_imported_bert_says_to_finetune_first(hf_models, tmp_path, data_dir, capsys):
@@ -398,3 +400,32 @@ def test_eval_of_an_imported_bert_says_to_finetune_first(hf_models, tmp_path, da
     assert len(err.splitlines()) == 1 and "no classifier head" in err
     assert "finetune it on a classification task first" in err
     assert "--set checkpoint.init_from=" in err
+
+
+def test_import_keeps_the_finetuning_setup_an_export_wrote_or_says_what_it_guessed(
+        hf_models, tmp_path, capsys):
+    """A finetuned t5lite model exported and imported back keeps its task, feature lengths,
+    decoding and every other t5lite field (t5lite_config.json); a Hugging Face dir without it,
+    or whose config.json no longer matches it, imports with the defaults named."""
+    cfg = config_lib.load_config("t5_1_1_tiny", [
+        "data.mixture_or_task=sentiment", "data.feature_lengths={'inputs': 48, 'targets': 6}",
+        "decode.method=beam", "decode.beams=3", "model.dropout_rate=0.05"])
+    out = convert.t5lite_to_hf(cfg, _zeros_like_params(cfg.model), str(tmp_path / "hf"),
+                               tokenizer=False)
+    for scan in (True, False):
+        back, _, note = convert.import_hf(out, scan_layers=scan)
+        want = config_lib.replace(cfg, {"model.scan_layers": scan})
+        assert config_lib.to_dict(back) == config_lib.to_dict(want)
+        assert "kept the t5lite setup" in note and "sentiment" in note
+    ckpt = str(tmp_path / "ckpt")
+    assert cli.main(["convert", "import", out, ckpt]) == 0
+    assert "kept the t5lite setup" in capsys.readouterr().out
+    assert load_params(ckpt)[0].data.mixture_or_task == "sentiment"
+
+    _edit_config(tmp_path / "hf", dropout_rate=0.2)  # config.json edited after the export
+    back, _, note = convert.import_hf(out)
+    assert back.data.mixture_or_task == config_lib.Config().data.mixture_or_task
+    assert "describes another model" in note and "data.mixture_or_task=" in note
+
+    note = convert.import_hf(hf_models["t5_v1_0"][0])[2]
+    assert note.startswith("config.json holds no t5lite setup") and "--set" in note

@@ -272,12 +272,12 @@ def import_hf_command(src: str, dst: str) -> None:
     import jax
     from t5lite import convert
     from t5lite.store import checkpointing
-    cfg, params = convert.hf_to_t5lite(src)
+    cfg, params, note = convert.import_hf(src)
     checkpointing.save_params_dir(dst, cfg, params)
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     arch = convert.hf_architecture(convert.read_hf_config(src))
     print(f"imported {arch} from {src}: {n:,} params, {cfg.model.architecture} -> {dst} "
-          "(config.json + params/)")
+          f"(config.json + params/); {note}")
 
 
 def export_hf_command(src: str, dst: str) -> None:

@@ -11,9 +11,10 @@ ElectraForPreTraining (the discriminator; a t5lite ELECTRA with a generator expo
 discriminator only). ``hf_to_t5lite`` maps the HF config.json onto a t5lite Config and every HF
 tensor onto the t5lite parameter tree (layout: t5lite/models/architectures.py docstring), for
 ``scan_layers`` True (layers stacked on a leading axis) or False (``layers_0 ...``).
-``t5lite_to_hf`` writes config.json + model.safetensors that ``from_pretrained`` loads, and
-the tokenizer files of the checkpoint's task (tokenizer_files), so that
-``AutoTokenizer.from_pretrained`` encodes text to the ids the model was trained on.
+``t5lite_to_hf`` writes config.json + model.safetensors that ``from_pretrained`` loads, the
+tokenizer files of the checkpoint's task (tokenizer_files: ``AutoTokenizer.from_pretrained``
+then encodes text to the ids the model trained on) and the t5lite setup HF has no place for
+(t5lite_setup: task, feature lengths, decoding), which ``import_hf`` restores.
 
 One module per family holds its config mapping and its table of Rules (a t5lite path, an HF
 tensor name and its HF shape, whether HF stores it transposed (torch Linear: [out, in]) and,
@@ -27,8 +28,8 @@ from t5lite.convert.common import Rule
 from t5lite.convert.families import (SUPPORTED, config_from_hf, config_to_hf, family_of,
                                      hf_architecture)
 from t5lite.convert.hf_files import read_hf_config, read_hf_dir
-from t5lite.convert.params import hf_to_t5lite, t5lite_to_hf
+from t5lite.convert.params import hf_to_t5lite, import_hf, t5lite_to_hf
 
 __all__ = ["Rule", "SUPPORTED", "config_from_hf", "config_to_hf", "family_of",
-           "hf_architecture", "hf_to_t5lite", "read_hf_config", "read_hf_dir", "t5lite_to_hf",
-           "tokenizer_files"]
+           "hf_architecture", "hf_to_t5lite", "import_hf", "read_hf_config", "read_hf_dir",
+           "t5lite_to_hf", "tokenizer_files"]

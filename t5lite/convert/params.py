@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 from flax import traverse_util
 
-from t5lite.convert import tokenizer_files
+from t5lite.convert import t5lite_setup, tokenizer_files
 from t5lite.convert.common import Rule
 from t5lite.convert.families import (FAMILIES, SUPPORTED, config_from_hf, family_of,
                                      hf_architecture)
@@ -22,6 +22,14 @@ from t5lite.errors import UserError
 def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
     """-> (Config, params): params is the unboxed float32 numpy pytree that
     ``build_model(cfg.model).init`` would produce, with the HF weights."""
+    cfg, params, _ = import_hf(hf_dir, scan_layers)
+    return cfg, params
+
+
+def import_hf(hf_dir: str, scan_layers: bool = True):
+    """-> (Config, params, note): hf_to_t5lite's, and one line on where the Config's
+    training setup comes from (the t5lite_config.json an export wrote, or t5lite's defaults:
+    t5lite_setup)."""
     hf_cfg, tensors = read_hf_dir(hf_dir)
     arch = hf_architecture(hf_cfg)
     family = FAMILIES[SUPPORTED[arch]]
@@ -44,13 +52,23 @@ def hf_to_t5lite(hf_dir: str, scan_layers: bool = True):
                         f"head or variant?): {', '.join(unused[:6])}. Supported: "
                         f"{', '.join(SUPPORTED)} as saved by transformers.")
     _check_complete(flat, want)
-    return cfg, traverse_util.unflatten_dict(flat)
+
+    def same_model(saved) -> bool:
+        try:
+            same_hf = family.config_to_hf(saved) == family.config_to_hf(m)
+        except UserError:  # the saved model is not exportable: not what was exported
+            return False
+        return same_hf and _abstract_leaves(saved) == want
+
+    cfg, note = t5lite_setup.restore(hf_dir, cfg, same_model)
+    return cfg, traverse_util.unflatten_dict(flat), note
 
 
 def t5lite_to_hf(cfg, params, out_dir: str, tokenizer: Optional[bool] = None) -> str:
     """Write ``out_dir/config.json`` + ``model.safetensors`` loadable by transformers'
-    from_pretrained, and the tokenizer files of the task's vocabulary (tokenizer_files);
-    returns out_dir. ``params``: the unboxed tree for ``cfg`` (Config or ModelConfig).
+    from_pretrained, the tokenizer files of the task's vocabulary (tokenizer_files) and, for
+    a full Config, the t5lite setup (t5lite_setup); returns out_dir. ``params``: the unboxed
+    tree for ``cfg`` (Config or ModelConfig).
     ``tokenizer``: None writes it when ``cfg`` names a task whose vocabulary fits the model
     (``tokenizer_files.find`` says why not), True requires it, False writes weights only."""
     m = getattr(cfg, "model", cfg)
@@ -66,6 +84,7 @@ def t5lite_to_hf(cfg, params, out_dir: str, tokenizer: Optional[bool] = None) ->
     _check_params(flat, _abstract_leaves(m))
     tensors = family.fix_exported(m, hf_cfg, _tensors_from_rules(rules, flat, m.scan_layers))
     write_hf_dir(hf_cfg, tensors, out_dir)
+    t5lite_setup.write(cfg, m, out_dir)
     if vocab is not None:
         tokenizer_files.write(vocab, out_dir, _max_length(cfg, m))
     return out_dir
