@@ -189,6 +189,8 @@ def test_metrics_go_to_weights_and_biases_when_asked(tmp_path, monkeypatch):
             logger.write(step, {"loss": loss, "grad_norm": float("nan")})
         logger.write(3, {"loss": 2.2}, prefix="eval")
         logger.close()
+    import wandb
+    wandb.teardown()  # W&B's service writes an offline run's file out when it stops
     run_id = json.load(open(os.path.join(workdir, "wandb_run.json")))["id"]
     runs = sorted(glob.glob(os.path.join(workdir, "wandb", f"offline-run-*-{run_id}",
                                          f"run-{run_id}.wandb")))
@@ -208,6 +210,22 @@ def test_metrics_go_to_weights_and_biases_when_asked(tmp_path, monkeypatch):
     assert seen == [{"step": 1, "train/loss": 3.0}, {"step": 2, "train/loss": 2.5},
                     {"step": 3, "train/loss": 2.0}, {"step": 3, "eval/loss": 2.2},
                     {"step": 3, "train/loss": 1.9}, {"step": 3, "eval/loss": 2.2}], seen
+
+
+def test_wandb_online_without_a_login_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    from t5lite.monitor import writers
+    for var in ("HOME", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "home"))
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = config_lib.Config()
+    cfg.train.wandb_project = "p"
+    logger = writers.MetricsLogger(str(tmp_path / "run"), 3, enabled=True, progress_bar=False)
+    with pytest.raises(UserError, match=r"^Weights & Biases: .*; run `wandb login`, or set "
+                                        r"train.wandb_mode=offline") as e:
+        logger.write_config(config_lib.to_dict(cfg))
+    assert "\n" not in str(e.value)
+    logger.close()
 
 
 def test_wandb_asked_but_not_installed_says_how(tmp_path, monkeypatch):

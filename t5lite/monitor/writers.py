@@ -213,7 +213,7 @@ class WandbWriter:
                 dir=None if "://" in workdir else workdir,  # W&B's own files: local only
                 settings=wandb.Settings(console="off", quiet=True))
         except wandb.errors.Error as e:  # not logged in, no network, a bad entity
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
             raise UserError(f"Weights & Biases: {first}; run `wandb login`, or set "
                             "train.wandb_mode=offline (sync later with `wandb sync`)") from None
         self.run.define_metric("step", hidden=True)
