@@ -369,6 +369,8 @@ def test_export_writes_a_tokenizer_that_encodes_as_t5lite(preset, vocab_name, vo
         assert tok.convert_tokens_to_ids(["<extra_id_0>", f"<extra_id_{vocab.extra_ids - 1}>"]
                                          ) == [n - 1, n - vocab.extra_ids]
     assert (tok.pad_token_id if vocab_name != "gpt2" else 0) == vocab.pad_id
+    hf_cfg = json.loads(open(os.path.join(out, "config.json")).read())
+    assert vocab_name == "bert" or hf_cfg["eos_token_id"] == vocab.eos_id  # generate() stops
     assert tok.decode(tok(TOKENIZER_TEXTS[0])["input_ids"], skip_special_tokens=True) == (
         vocab.decode(vocab.encode(TOKENIZER_TEXTS[0])))
 

@@ -83,6 +83,8 @@ def t5lite_to_hf(cfg, params, out_dir: str, tokenizer: Optional[bool] = None) ->
             for p, v in traverse_util.flatten_dict(params).items()}
     _check_params(flat, _abstract_leaves(m))
     tensors = family.fix_exported(m, hf_cfg, _tensors_from_rules(rules, flat, m.scan_layers))
+    if vocab is not None:
+        hf_cfg.update(tokenizer_files.special_ids(vocab))
     write_hf_dir(hf_cfg, tensors, out_dir)
     t5lite_setup.write(cfg, m, out_dir)
     if vocab is not None:

@@ -92,6 +92,18 @@ def write(vocab: Vocab, out_dir: str, max_length: int) -> list[str]:
     return sorted(written + [_write_json(out_dir, "tokenizer_config.json", settings)])
 
 
+def special_ids(vocab: Vocab) -> dict:
+    """config.json's token ids for transformers' generate(): the vocabulary's end and padding,
+    where the family's defaults guess from vocab_size (GPT-2: its last row, a padding row
+    once the embedding is padded to a multiple of 128)."""
+    if vocab.kind == "gpt2":
+        return {"bos_token_id": _SIZES["gpt2"] - 1, "eos_token_id": _SIZES["gpt2"] - 1}
+    if vocab.kind == "bert":
+        return {"pad_token_id": 0}
+    spec = _sp_proto(vocab.files[0]).trainer_spec
+    return {"eos_token_id": spec.eos_id, "pad_token_id": max(spec.pad_id, 0)}
+
+
 def _catalog_vocabulary(name: str) -> str:
     """A built-in task's or mixture's vocabulary name; "" when not built in."""
     specs = {s.name: s.vocabulary for s in task_catalog.task_specs()}
