@@ -287,3 +287,36 @@ def test_peft_dirs_through_the_one_writer_and_reader(tmp_path):
         loaded_cfg, params = peft.load_peft(path, base)
         assert loaded_cfg == cfg
         jax.tree.map(np.testing.assert_array_equal, params, trained)
+
+
+def test_failed_reads_of_a_reported_step_leave_no_asyncio_records(caplog, tmp_path):
+    """orbax's other failed shard reads of a step reported unreadable, freed whenever (after
+    the restore, at exit): asyncio's "Task exception was never retrieved" record is dropped;
+    the same failure of a path not reported is still logged (the filter can fail)."""
+    import asyncio
+    import gc
+    import logging
+    from t5lite.store import failed_reads
+
+    def leak(path):
+        async def read():
+            try:
+                raise ValueError(f'OUT_OF_RANGE: Error reading "x/0.0" in OCDBT database at '
+                                 f'local file "{path}/params/": bad byte range')
+            except ValueError as e:
+                raise Exception("Encountered error while reading array index") from e
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(read())
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
+        del task  # freed now, long after any read block
+
+    caplog.set_level(logging.INFO)
+    failed_reads.reported(str(tmp_path / "checkpoints" / "4"))
+    leak(tmp_path / "checkpoints" / "4")
+    gc.collect()
+    assert not [r for r in caplog.records if r.name == "asyncio"]
+    leak(tmp_path / "checkpoints" / "40")  # a prefix is not a match: "4/" vs "40/"
+    gc.collect()
+    assert any("never retrieved" in r.getMessage() for r in caplog.records
+               if r.name == "asyncio")

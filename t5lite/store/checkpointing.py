@@ -31,7 +31,7 @@ from etils import epath
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.monitor import progress
-from t5lite.store import gcs
+from t5lite.store import failed_reads, gcs
 from t5lite.store.paths import abspath, write_atomic
 
 log = logging.getLogger("t5lite")
@@ -149,6 +149,11 @@ class Checkpointer:
         failed restore and no step was restored (the caller makes a fresh one)."""
         abstract = _abstract(state_like)
         self.data_iter_dirty = False
+        # a damaged step's other failed shard reads cost no asyncio tracebacks
+        with progress.quiet_failed_reads() as reads:
+            return self._restore_newest_readable(abstract, state_like, data_iter, reads)
+
+    def _restore_newest_readable(self, abstract, state_like, data_iter, reads):
         for step in sorted(self.manager.all_steps(), reverse=True):
             self._check_shapes(step, abstract)
             error = None
@@ -158,7 +163,8 @@ class Checkpointer:
                     opt=ocp.args.StandardRestore(
                         {"step": abstract.step, "opt_state": abstract.opt_state})))
             except Exception as e:  # noqa: BLE001 - any read error means "unusable"
-                error = e
+                error, reads.failed = e, True
+                failed_reads.reported(os.path.join(self.dir, str(step)))
             # Every host must restore the same step: one host's read error (its shard, its
             # disk) makes the step unusable for all, or they would train from different states.
             if not all_hosts_ok(error is None):
@@ -381,6 +387,7 @@ def load_params(path: str, abstract_params=None, step: int = -1):
                 return cfg, ckptr.restore(params_dir, target)
             except Exception as e:  # noqa: BLE001
                 reads.failed = True
+                failed_reads.reported(params_dir)
                 last_err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 log.warning("params at %s unreadable (%s); trying the previous step",
                             params_dir, last_err)  # not TensorStore's spec
@@ -411,6 +418,7 @@ def load_opt_state(path: str, abstract_opt, step: int = -1):
                 return saved_step, ckptr.restore(opt_dir, abstract_opt)
             except Exception as e:  # noqa: BLE001
                 reads.failed = True
+                failed_reads.reported(opt_dir)
                 log.warning("optimizer state at %s unreadable (%s); trying the previous step",
                             opt_dir, f"{type(e).__name__}")
     raise UserError(f"no readable optimizer state under {path}")
