@@ -81,7 +81,8 @@ class MetricsLogger:
             return
         epath.Path(workdir).mkdir(parents=True, exist_ok=True)  # epath: workdir may be gs://
         self._truncate_after(start_step)
-        self.tb = _summary_writer_cls()(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
+        self.tb = _summary_writer_cls()(os.path.join(workdir, "tensorboard"),
+                                        purge_step=start_step + 1)
         if progress_bar:
             from t5lite.monitor import progress  # plain lines instead of a bar in a log file
             self.bar = progress.bar(total=total_steps, initial=start_step, unit="step",
