@@ -431,3 +431,12 @@ def test_import_keeps_the_finetuning_setup_an_export_wrote_or_says_what_it_guess
 
     note = convert.import_hf(hf_models["t5_v1_0"][0])[2]
     assert note.startswith("config.json holds no t5lite setup") and "--set" in note
+
+
+def test_import_states_an_unusable_saved_setup(hf_models, tmp_path):
+    """A damaged t5lite_config.json is named, never fatal: the weights still import."""
+    src = _copy(hf_models, "gpt2", tmp_path)
+    (src / "t5lite_config.json").write_text('{"model": {"no_such_field": 1}}')
+    cfg, _, note = convert.import_hf(str(src))
+    assert cfg.model.architecture == "decoder_only"
+    assert "t5lite_config.json is not a t5lite config" in note and "defaults" in note

@@ -46,7 +46,9 @@ def restore(hf_dir: str, cfg, same_model) -> tuple:
         saved.model.scan_layers = cfg.model.scan_layers
         saved = config_lib.validate(saved)
     except (UserError, ValueError, TypeError, AttributeError, KeyError) as e:
-        return cfg, f"{FILE} is unreadable ({type(e).__name__}: {e}); {defaults}"
+        first = (str(e).splitlines() or [""])[0][:160]
+        return cfg, (f"{FILE} is not a t5lite config this version accepts ({type(e).__name__}: "
+                     f"{first}), so its setup was not used; {defaults}")
     if not same_model(saved.model):
         return cfg, (f"{FILE} describes another model than config.json and the weights "
                      f"(edited after the export?), so its setup was not used; {defaults}")
