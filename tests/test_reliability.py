@@ -832,3 +832,71 @@ def test_unread_shard_failures_are_collected_without_asyncio_tracebacks(caplog):
         assert any("never retrieved" in r.getMessage() for r in asyncio_records())
     finally:
         gc.enable()
+
+
+# ---------------------------------------------------------------------------- issue 35 item 4
+# A mistaken run stops with one line before it writes anything: mistakes found from the config
+# stop before the workdir is touched; those found later (the data, the first step) take back
+# what the run wrote, so the corrected command is not refused as a change of config.
+
+
+MISTAKES = {
+    "profile_steps": (["--set", "train.profile_steps=5"], r"train\.profile_steps='5'"),
+    "init_from": (["--set", "checkpoint.init_from={tmp}/pretrained"],
+                  r"pretrained is not a t5lite checkpoint"),
+    "unknown_task": (["--set", "data.mixture_or_task=no_such_task"],
+                     r"no task or mixture named 'no_such_task'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKES))
+def test_a_mistaken_run_leaves_no_workdir(case, data_dir, tmp_path, capsys):
+    extra, pattern = MISTAKES[case]
+    extra = [a.format(tmp=tmp_path) for a in extra]
+    code, lines, out = run_cli(capsys, train_args(tmp_path / "runs" / "new", *extra))
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out, out[-3000:]
+    assert re.search(pattern, lines[0]), lines
+    assert os.listdir(tmp_path) == []  # neither the workdir nor the parent made for it
+
+
+def test_a_run_stopped_at_its_first_step_takes_back_its_start_up_files(data_dir, tmp_path,
+                                                                       capsys):
+    """An update that overflows at step 1: config.json, TensorBoard's events and the empty
+    checkpoints/ are removed again; what the workdir held before stays."""
+    wd = tmp_path / "run"
+    (wd / "worker_logs").mkdir(parents=True)
+    (wd / "worker_logs" / "worker-0.log").write_text("queued\n")
+    code, lines, out = run_cli(capsys, train_args(wd, "--set", "optim.learning_rate=1e38"))
+    assert code == 2 and len(lines) == 1, out[-3000:]
+    assert "step 1 was not finite" in lines[0] and "learning_rate" in lines[0], lines
+    assert os.listdir(wd) == ["worker_logs"]
+    assert (wd / "worker_logs" / "worker-0.log").read_text() == "queued\n"
+
+
+@pytest.mark.parametrize("evidence", ["metrics.jsonl", "checkpoints/2", "goodput.json",
+                                      "earlier metrics.jsonl", None])
+def test_start_up_files_stay_once_a_step_was_logged_or_saved(tmp_path, evidence):
+    """Trained output, this run's or an earlier run's (a failed resume), keeps every file."""
+    from t5lite.store import startup
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "notes.txt").write_text("the user's")
+    if evidence == "earlier metrics.jsonl":
+        evidence = "metrics.jsonl"
+        (wd / evidence).write_text('{"step": 1}\n')
+    writes = startup.StartupWrites(str(wd))
+    writes.begin()
+    (wd / "config.json").write_text("{}")
+    (wd / "tensorboard").mkdir()
+    (wd / "tensorboard" / "events.out.tfevents.1").write_bytes(b"\x00")
+    (wd / "checkpoints").mkdir()
+    if evidence == "checkpoints/2":
+        (wd / evidence).mkdir()
+    elif evidence:
+        (wd / evidence).write_text('{"step": 1}\n')
+    writes.undo()
+    writes.remove_if_new()  # the workdir was there before: it stays
+    kept = ["checkpoints", "config.json", "notes.txt", "tensorboard"] + (
+        [evidence] if evidence in ("metrics.jsonl", "goodput.json") else [])
+    assert sorted(os.listdir(wd)) == (sorted(kept) if evidence else ["notes.txt"])
+

@@ -359,6 +359,19 @@ def _find_params_dir(path: str, step: int = -1):
                     "or a step dir (checkpoints/<step>)")
 
 
+def check_init_from(ckpt_cfg, workdir: str) -> None:
+    """UserError now, before a run writes anything, when checkpoint.init_from will be read
+    (the workdir has no checkpoint to resume yet) and names no checkpoint with a config."""
+    if not ckpt_cfg.init_from:
+        return
+    saved = epath.Path(workdir) / "checkpoints"
+    if saved.is_dir() and any(p.name.isdigit() for p in saved.iterdir()):
+        return  # a resume: init_from is not read again (it may be gone by now)
+    _, cfg_path = _find_params_dir(ckpt_cfg.init_from, ckpt_cfg.init_step)
+    if not epath.Path(cfg_path).exists():
+        load_config_json(cfg_path)  # its message: the config.json is needed
+
+
 def load_config_json(path: str):
     if not epath.Path(path).exists():
         raise UserError(f"missing {path}: the checkpoint's config.json is needed to rebuild "

@@ -42,6 +42,7 @@ class TrainRun:
     preemption: Any = None  # guards.Preemption
     started: float | None = None  # goodput: start-up counts from here
     trainable: Any = None  # bools like params, or None: the config's PEFT mask
+    on_start: Callable[[], None] | None = None  # called once set up, before the first step
 
     @property
     def saved_data_iter(self):
@@ -164,6 +165,8 @@ class _Loop:
         self.pending = None  # (step, metrics on device, tokens): read after the next step starts
 
     def run(self) -> dict:
+        if self.run_parts.on_start is not None:
+            self.run_parts.on_start()
         self.watch.loop_started()
         for step in range(self.start, self.total):
             self._stop_if_preempted(step)

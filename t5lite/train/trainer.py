@@ -17,8 +17,8 @@ import jax
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite import peft
-from t5lite.monitor import writers
-from t5lite.store import checkpointing
+from t5lite.monitor import profiler, writers
+from t5lite.store import checkpointing, startup
 from t5lite.store import workdir as workdir_lib
 from t5lite.train import guards, partitioning
 from t5lite.train.data import (dataset_iterator, parse_skip, prepare_tasks, skip_batches,
@@ -47,31 +47,39 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     train_iter / eval_iter_fn replace the seqio pipeline (any iterators of host batches with
     the contract's keys); tf.data iterators are also checkpointed for exact resume. The workdir
     is locked for the run; a config that differs from its config.json stops the run before
-    anything is written (allow_config_change lets the safe keys through, workdir.SAFE_KEYS).
+    anything is written (allow_config_change lets the safe keys through, workdir.SAFE_KEYS),
+    and a run that fails while nothing was ever trained there takes back what it wrote
+    (store/startup.py).
     Raises errors.Preempted after saving a checkpoint on SIGTERM.
     """
     started = time.time()  # goodput: start-up counts from here (goodput.RunClock)
+    profiler.parse_steps(cfg.train.profile_steps)  # mistakes found now cost no write
     partitioning.initialize_multihost(cfg.mesh)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
     partitioning.check_batch(mesh, cfg.data.batch_size, cfg.train.grad_accum_steps)
     parse_skip(cfg.train.skip_batches)  # a malformed one stops here, before any write
     writers.check_wandb(cfg.train)
     workdir = checkpointing.abspath(workdir)
+    checkpointing.check_init_from(cfg.checkpoint, workdir)
+    writes = startup.StartupWrites(workdir)
     preemption = guards.Preemption()  # from here on SIGTERM saves instead of killing the run
     lock = None
     try:
         lock = guards.lock_workdir(workdir, cfg.checkpoint.lock_lease_seconds)
+        writes.begin()
         rewrite = workdir_lib.check_config(cfg, workdir, allow_config_change)
         return _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask,
                              rewrite, preemption, started)
-    except Exception as e:
-        if guards.no_space(e):
+    except BaseException as e:
+        writes.undo()  # nothing trained: the workdir as it was (the writers are closed)
+        if isinstance(e, Exception) and guards.no_space(e):
             raise UserError(guards.no_space_message(workdir)) from None
         raise
     finally:
         preemption.close()
         if lock is not None:
             lock.release()
+            writes.remove_if_new()
 
 
 def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, rewrite,
@@ -93,8 +101,6 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
         state, start = ckpt.restore_latest(abstract, data_iter if tf_iter else None)
         if ckpt.data_iter_dirty and train_iter is None:  # a failed data restore, then step 0
             data_iter = make_iter()
-        if rewrite:  # only now: the checkpoints it describes have been read with it
-            write_config(cfg, workdir, start)
         logger = writers.MetricsLogger(workdir, cfg.train.steps, start_step=start)
         logger.write_config(config_lib.to_dict(cfg))  # TensorBoard: text + hparams
         skip_batches(cfg, data_iter, start, logger.info)
@@ -102,7 +108,12 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
             run = TrainRun(cfg=cfg, mesh=mesh, model=model, tx=tx, abstract=abstract,
                            shardings=shardings, logger=logger, ckpt=ckpt, data_iter=data_iter,
                            tf_iter=tf_iter, eval_iter_fn=eval_iter_fn, preemption=preemption,
-                           started=started, trainable=trainable_mask)
+                           started=started, trainable=trainable_mask,
+                           # config.json once the run is set up: the checkpoints it
+                           # describes have been read with it, and a mistake found while
+                           # setting up leaves the old one (and its history) as it was
+                           on_start=(lambda: write_config(cfg, workdir, start)) if rewrite
+                           else None)
             return run_loop(run, state, start)
         finally:
             logger.close()
