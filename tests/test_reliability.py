@@ -900,3 +900,25 @@ def test_start_up_files_stay_once_a_step_was_logged_or_saved(tmp_path, evidence)
         [evidence] if evidence in ("metrics.jsonl", "goodput.json") else [])
     assert sorted(os.listdir(wd)) == (sorted(kept) if evidence else ["notes.txt"])
 
+
+# ---------------------------------------------------------------------------- issue 35 item 9
+
+
+def test_fallback_restore_exits_clean_and_goodput_counts_the_process_start(wd, data_dir):
+    """The newest checkpoint's array data overwritten: the run falls back to step 2 with one
+    warning, and orbax's other failed shard reads leave no asyncio "Task exception was never
+    retrieved" records (in the run, or at exit). A `t5lite` command's goodput wall clock
+    starts with its process (importing JAX and TensorFlow is start-up too)."""
+    for f in (wd / "checkpoints" / "4" / "params" / "ocdbt.process_0" / "d").iterdir():
+        f.write_bytes(b"garbage")
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "t5lite.cli", *map(str, train_args(wd))],
+                       cwd=ROOT, env=_env(data_dir), capture_output=True, text=True,
+                       timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "checkpoint step 4" in out and "falling back to the previous one" in out, out[-3000:]
+    assert "never retrieved" not in out and "Traceback" not in out, out[-3000:]
+    run = json.loads((wd / "goodput.json").read_text())["runs"][-1]
+    assert run["first_step"] == 2 and abs(run["started"] - t0) < 1.0, (run, t0)
+    assert run["seconds"]["startup"] > 1.0  # the imports at least

@@ -9,7 +9,6 @@ names re-exported here (create_train_state / make_train_step / make_eval_step / 
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Iterator
 
 import jax
@@ -17,7 +16,7 @@ import jax
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite import peft
-from t5lite.monitor import profiler, writers
+from t5lite.monitor import goodput, profiler, writers
 from t5lite.store import checkpointing, startup
 from t5lite.store import workdir as workdir_lib
 from t5lite.train import guards, partitioning
@@ -52,7 +51,7 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     (store/startup.py).
     Raises errors.Preempted after saving a checkpoint on SIGTERM.
     """
-    started = time.time()  # goodput: start-up counts from here (goodput.RunClock)
+    started = goodput.run_started()  # goodput: start-up counts from here (goodput.RunClock)
     profiler.parse_steps(cfg.train.profile_steps)  # mistakes found now cost no write
     partitioning.initialize_multihost(cfg.mesh)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
