@@ -23,6 +23,9 @@ def test_quickstart_fast_pipeline(tmp_path, capsys):
     restore = tasks_testdata.use_data_dir(root)
     try:
         summary = quickstart.run(str(tmp_path / "qs"), fast=True, data_dir=root, prepare=False)
+        # a rerun trains nothing: its summary keeps the first run's cost (and its numbers)
+        again = quickstart.run(str(tmp_path / "qs"), fast=True, data_dir=root, prepare=False)
+        assert again == summary
         with pytest.raises(UserError, match=r"made with --fast: rerun `t5lite quickstart "
                            r"--workdir .* --fast` to resume it"):  # (refused before training)
             quickstart.run(str(tmp_path / "qs"), data_dir=root, prepare=False)
@@ -46,6 +49,9 @@ def test_quickstart_fast_pipeline(tmp_path, capsys):
     assert best["sentiment/accuracy"] == max(r["sentiment/accuracy"] for r in evals)
     with open(tmp_path / "qs" / "summary.json") as f:
         assert json.load(f) == pytest.approx(summary)
+    with open(tmp_path / "qs" / "pretrain" / "goodput.json") as f:  # the cost of training it
+        assert summary["pretrain_seconds"] == json.load(f)["summary"]["wall_s"]
+    assert summary["total_seconds"] > summary["pretrain_seconds"] + summary["finetune_seconds"]
 
 
 @pytest.mark.slow
