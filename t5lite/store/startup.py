@@ -41,8 +41,14 @@ class StartupWrites:
         self.before = None
 
     def begin(self) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             self.before = {p.name for p in epath.Path(self.workdir).iterdir()}
+        except FileNotFoundError:  # gs:// has no folder before its first object
+            self.before = set()
+        except OSError:  # unlistable: nothing is taken back
+            self.before = None
 
     def undo(self) -> None:
         """After a failed run (its checkpointer and writers closed): remove the start-up files
