@@ -4,6 +4,8 @@ command (eval / infer still take their older --checkpoint)."""
 
 import argparse
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -65,3 +67,27 @@ def test_the_run_directory_is_workdir_in_every_command():
         args = parser.parse_args(["infer", flag, "runs/x", "--input", "-"])
         assert args.checkpoint == "runs/x"
     assert "--workdir WORKDIR, --checkpoint WORKDIR" in commands["eval"].format_help()
+
+
+def test_eval_and_infer_report_a_bad_set_before_importing_tensorflow():
+    """A typo in --set is the checkpoint-independent part of the config: it is reported
+    before TensorFlow loads (seconds), as `train` reports its config errors. A fresh
+    interpreter, so that other tests' imports cannot hide a TensorFlow import."""
+    code = r"""
+import sys
+from t5lite.cli import main
+assert main.main(sys.argv[1:]) == 2
+print("tensorflow" in sys.modules, "jax" in sys.modules)
+"""
+    for argv in (["eval", "--workdir", "no/such/run", "--task", "sentiment",
+                  "--set", "decode.beems=2"],
+                 ["eval", "--workdir", "no/such/run", "--task", "sentiment", "--shots", "2",
+                  "--set", "decode.beems=2"],
+                 ["infer", "--workdir", "no/such/run", "--input", "-",
+                  "--set", "decode.beems=2"]):
+        r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["False", "False"], (argv, r.stdout)
+        assert r.stderr.strip() == ("t5lite: error: unknown config key 'decode.beems'. Did you "
+                                    "mean: decode.beams, decode.seed, decode.method?"), r.stderr

@@ -117,6 +117,15 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
 # ----------------------------------------------------------------------------- eval, infer
 
 
+def check_overrides(overrides: Sequence[str]) -> None:
+    """A --set key or value that no checkpoint's config can take, as a UserError, with
+    nothing heavy imported: `t5lite eval` / `infer` report it before TensorFlow (seconds)
+    loads. Keys and types are the schema's, so a default Config gets the same check as the
+    checkpoint's config (evaluation.load applies and validates them there)."""
+    from t5lite import config as config_lib
+    config_lib.apply_overrides(config_lib.Config(), overrides)
+
+
 def eval_command(checkpoint: str, task: str, split: str = "validation", max_examples: int = 0,
                  overrides: Sequence[str] = ()) -> dict:
     """`t5lite eval`: print a table of the task's metrics for the checkpoint."""

@@ -76,6 +76,8 @@ def cmd_quickstart(args):
 
 def cmd_eval(args):
     from t5lite.cli import commands
+    commands.check_overrides(args.set or [])
+    _import_tensorflow_quietly()
     if args.shots is not None:  # in-context few-shot prompting (fewshot.py)
         commands.fewshot_command(args.checkpoint, args.task, args.shots, args.split,
                                  args.max_examples, args.template, args.label_words,
@@ -87,6 +89,8 @@ def cmd_eval(args):
 
 def cmd_infer(args):
     from t5lite.cli import commands
+    commands.check_overrides(args.set or [])
+    _import_tensorflow_quietly()
     commands.infer_command(checkpoint=args.checkpoint, input_path=args.input,
                            output_path=args.output, mode=args.mode,
                            options=args.options or [], overrides=args.set or [],
@@ -392,8 +396,10 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else 2
-    # train imports TF itself once its config is checked: a config error shows in a second
-    light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile, cmd_train)
+    # train, eval and infer import TF themselves once the config or --set is checked: a
+    # config error shows in a second
+    light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile, cmd_train, cmd_eval,
+                         cmd_infer)
              or (args.fn is cmd_tasks and args.action == "list"))  # task_catalog: no seqio
     if not light:  # the others read data through seqio / TF
         _import_tensorflow_quietly()
