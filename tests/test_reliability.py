@@ -22,6 +22,9 @@ import numpy as np
 import pytest
 
 from t5lite.cli import main as cli
+from t5lite.errors import UserError
+from t5lite.store import gcs
+from test_gcs import bucket, emulator  # noqa: F401  (fixtures: the GCS emulator)
 from train_helpers import enable_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -354,19 +357,27 @@ def test_diverged_run_resumes_with_a_lower_learning_rate_and_skips_batches(wd, c
     """The usual recovery: resume from the last good checkpoint with a lower learning rate
     (and other optimizer / loss settings that leave the state's shapes alone), skipping the
     batches after it; every change is recorded with the step it applies from. Step 2 is the
-    good one here: the later checkpoint is moved out of the workdir first (README)."""
-    aside = wd.parent / "set_aside"
-    for sub in ("checkpoints", "data_state"):
-        shutil.move(wd / sub / "4", aside / sub / "4")
+    good one here: --resume-from 2 sets checkpoint 4 aside (moved whole, never deleted)."""
     old_rows, before = metrics_rows(wd), snapshot(wd)
     code, lines, out = run_cli(capsys, train_args(
-        wd, "--allow-config-change", "--set", "optim.learning_rate=1e-3", "--set",
-        "model.dropout_rate=0.05", "--set", "train.z_loss=0.0", "--set",
+        wd, "--allow-config-change", "--resume-from", "2", "--set", "optim.learning_rate=1e-3",
+        "--set", "model.dropout_rate=0.05", "--set", "train.z_loss=0.0", "--set",
         "optim.warmup_steps=50", "--set", "train.skip_batches=2:3", steps=6))
     assert code == 0, out[-3000:]
+    (stamp,) = os.listdir(wd / "set_aside")
+    said = (f"t5lite: --resume-from 2: set aside checkpoint 4 (with its data state) -> "
+            f"{wd / 'set_aside' / stamp}; move them back to undo\n")
+    assert said in out and out.index(said) < out.index("resumed from"), out[-3000:]
     assert "resumed from" in out and "checkpoints/2" in out, out[-3000:]
     assert "skipped 3 training batches at step 2" in out
-    assert_kept(before, wd, metrics_upto=2, old_rows=old_rows)
+    later = {rel: d for rel, d in before.items()
+             if rel.startswith(("checkpoints/4/", "data_state/4/"))}
+    assert any(r.startswith("data_state/4/") for r in later), sorted(before)
+    after = snapshot(wd)
+    for rel, digest in later.items():  # the set-aside step is intact, byte for byte
+        assert after[os.path.join("set_aside", stamp, rel)] == digest, rel
+    assert_kept({k: v for k, v in before.items() if k not in later}, wd, metrics_upto=2,
+                old_rows=old_rows)
     (row,) = [json.loads(x) for x in (wd / "config_history.jsonl").read_text().splitlines()]
     assert row["step"] == 2 and row["kept_as"] == "config.1.json"
     assert row["changes"]["optim.learning_rate"] == [1e-2, 1e-3]
@@ -376,6 +387,21 @@ def test_diverged_run_resumes_with_a_lower_learning_rate_and_skips_batches(wd, c
     lr = {r["step"]: r["lr"] for r in metrics_rows(wd) if r["split"] == "train"}
     assert sorted(lr) == [1, 2, 3, 4, 5, 6], lr
     assert lr[2] == pytest.approx(1e-2) and lr[3] == pytest.approx(1e-3), lr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--resume-from", "3"], "--resume-from 3: {wd}/checkpoints has no step 3; saved steps: "
+     "2, 4"),
+    (["--resume-from", "2", "--set", "optim.learning_rate=1e-3"],  # the guard first
+     "{wd} was trained with another config"),
+])
+def test_resume_from_a_step_that_cannot_be_used_moves_nothing(wd, capsys, extra, message):
+    before = snapshot(wd)
+    code, lines, out = run_cli(capsys, train_args(wd, *extra))
+    assert code == 2 and len(lines) == 1, out[-3000:]
+    assert lines[0].startswith("t5lite: error: " + message.format(wd=wd)), lines
+    assert not (wd / "set_aside").exists()
+    assert snapshot(wd) == before
 
 
 def test_config_guard_lets_through_what_leaves_the_state_shapes_alone(tmp_path):
@@ -922,3 +948,26 @@ def test_fallback_restore_exits_clean_and_goodput_counts_the_process_start(wd, d
     run = json.loads((wd / "goodput.json").read_text())["runs"][-1]
     assert run["first_step"] == 2 and abs(run["started"] - t0) < 1.0, (run, t0)
     assert run["seconds"]["startup"] > 1.0  # the imports at least
+
+
+def test_resume_from_sets_aside_on_gcs(bucket):
+    """gs:// has no folders and renames nothing: the later steps' objects are copied to
+    set_aside/<time>/ and then deleted (GCS emulator, the protocol the run speaks)."""
+    from test_gcs import objects
+    from t5lite.store import set_aside
+    wd = f"{bucket}/run"
+    for rel in ("checkpoints/2/params/a", "checkpoints/4/params/a", "checkpoints/4/opt/b",
+                "data_state/4/process_0.index", "checkpoints/6/params/a", "config.json"):
+        gcs.blob(f"{wd}/{rel}").upload_from_string(rel.encode())
+    with pytest.raises(UserError, match="has no step 3; saved steps: 2, 4, 6"):
+        set_aside.set_aside_after(wd, 3)
+    line = set_aside.set_aside_after(wd, 2)
+    (stamp,) = {name.split("/")[1] for name in objects(wd) if name.startswith("set_aside/")}
+    assert line.endswith(f"checkpoints 4, 6 (with their data state) -> {wd}/set_aside/{stamp}; "
+                         "move them back to undo"), line
+    assert objects(wd) == {rel: rel.encode() for rel in ("checkpoints/2/params/a",
+                                                          "config.json")} | {
+        f"set_aside/{stamp}/{rel}": rel.encode() for rel in (
+            "checkpoints/4/params/a", "checkpoints/4/opt/b", "data_state/4/process_0.index",
+            "checkpoints/6/params/a")}
+    assert set_aside.saved_steps(wd) == [2]

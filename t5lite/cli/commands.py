@@ -26,10 +26,12 @@ from t5lite.text_table import format_table
 
 def train_command(config: str, overrides: Sequence[str], workdir: str = "",
                   print_config: bool = False, allow_config_change: bool = False,
-                  before_training=lambda: None) -> None:
+                  before_training=lambda: None, resume_from: Optional[int] = None) -> None:
     """`t5lite train`: train (or resume) in ``workdir``; ``print_config``: print the resolved,
     checked config as JSON and train nothing. ``before_training`` runs once the config is
-    checked, before the trainer (and TensorFlow, seconds) is imported."""
+    checked, before the trainer (and TensorFlow, seconds) is imported. ``resume_from`` S:
+    the checkpoints after step S are set aside (WORKDIR/set_aside/), and the run resumes
+    from S."""
     from t5lite import config as config_lib
     if print_config:
         print(json.dumps(config_lib.to_dict(config_lib.load_config(config, overrides)),
@@ -41,7 +43,8 @@ def train_command(config: str, overrides: Sequence[str], workdir: str = "",
     cfg = config_lib.load_config(config, overrides)
     before_training()
     from t5lite.train import trainer
-    trainer.train(cfg, workdir, allow_config_change=allow_config_change)
+    trainer.train(cfg, workdir, allow_config_change=allow_config_change,
+                  resume_from=resume_from)
 
 
 def plot_command(workdirs: Sequence[str], output: str = "", size: str = "1400x900",

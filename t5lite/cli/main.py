@@ -60,7 +60,8 @@ def cmd_train(args):
     commands.train_command(args.config, args.set or [], args.workdir,
                            print_config=args.print_config,
                            allow_config_change=args.allow_config_change,
-                           before_training=_import_tensorflow_quietly)
+                           before_training=_import_tensorflow_quietly,
+                           resume_from=args.resume_from)
 
 
 def cmd_compile(args):
@@ -223,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue a workdir whose config.json differs in safe keys only "
                     "(train.steps, optim.min_lr_ratio, log / eval / checkpoint cadence, eval.*, "
                     "decode.*); the old config is kept as config.<n>.json")
+    sp.add_argument("--resume-from", type=_at_least(0), metavar="STEP",
+                    help="resume from this saved checkpoint step rather than the newest: the "
+                    "later checkpoints are moved (never deleted) to WORKDIR/set_aside/<UTC "
+                    "time>/; with --set train.skip_batches=STEP:N after a loss spike")
     sp.set_defaults(fn=cmd_train)
 
     sp = add("compile", "compile the train step for a TPU slice on this host (needs libtpu, "

@@ -17,7 +17,7 @@ from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite import peft
 from t5lite.monitor import goodput, profiler, writers
-from t5lite.store import checkpointing, startup
+from t5lite.store import checkpointing, set_aside, startup
 from t5lite.store import workdir as workdir_lib
 from t5lite.train import guards, partitioning
 from t5lite.train.data import (dataset_iterator, parse_skip, prepare_tasks, skip_batches,
@@ -40,7 +40,8 @@ def write_config(cfg, workdir: str, step: int | None = None) -> None:
 
 def train(cfg, workdir: str, train_iter: Iterator | None = None,
           eval_iter_fn: Callable[[], Iterator] | None = None, devices=None,
-          trainable_mask=None, allow_config_change: bool = False) -> dict:
+          trainable_mask=None, allow_config_change: bool = False,
+          resume_from: int | None = None) -> dict:
     """Train cfg in workdir, resuming from its newest readable checkpoint. -> final metrics.
 
     train_iter / eval_iter_fn replace the seqio pipeline (any iterators of host batches with
@@ -48,7 +49,8 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     is locked for the run; a config that differs from its config.json stops the run before
     anything is written (allow_config_change lets the safe keys through, workdir.SAFE_KEYS),
     and a run that fails while nothing was ever trained there takes back what it wrote
-    (store/startup.py).
+    (store/startup.py). resume_from S: the checkpoints after step S are set aside first
+    (store/set_aside.py), once the config guard has passed, so the run resumes from S.
     Raises errors.Preempted after saving a checkpoint on SIGTERM.
     """
     started = goodput.run_started()  # goodput: start-up counts from here (goodput.RunClock)
@@ -67,6 +69,8 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
         lock = guards.lock_workdir(workdir, cfg.checkpoint.lock_lease_seconds)
         writes.begin()
         rewrite = workdir_lib.check_config(cfg, workdir, allow_config_change)
+        if resume_from is not None:
+            _set_aside_after(workdir, resume_from)
         return _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask,
                              rewrite, preemption, started)
     except BaseException as e:
@@ -79,6 +83,17 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
         if lock is not None:
             lock.release()
             writes.remove_if_new()
+
+
+def _set_aside_after(workdir: str, step: int) -> None:
+    """Every process checks the step (a bad one moves nothing); process 0 moves, and the
+    others list the checkpoints only after it has."""
+    set_aside.check_step(workdir, step)
+    if jax.process_index() == 0:
+        print(f"t5lite: {set_aside.set_aside_after(workdir, step)}", flush=True)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("t5lite_resume_from")
 
 
 def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, rewrite,
