@@ -99,7 +99,10 @@ def test_tasks_list_folds_to_the_terminal_and_filters_by_name(monkeypatch, capsy
     with pytest.raises(UserError, match="no task or mixture matches 'paper_glu_cola'. Did you "
                                         "mean: paper_glue_cola"):
         listings.tasks_table("paper_glu_cola")
+    assert cli.main(["tasks", "list", "glue"]) == 0  # captured, as a pipe: every cell
+    assert "paper_glue_cola + paper_glue_mnli + " in capsys.readouterr().out
     monkeypatch.setenv("COLUMNS", "90")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a 90-column terminal
     assert cli.main(["tasks", "list", "glue"]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 90 and "paper_super_glue " in out

@@ -106,9 +106,10 @@ def cmd_models(args):
 def cmd_tasks(args):
     if args.action == "list":
         from t5lite.cli import listings
-        # a terminal gets a table folded to its width; a pipe or --wide every cell
-        tty = sys.stdout.isatty() or "COLUMNS" in os.environ
-        width = None if args.wide or not tty else shutil.get_terminal_size().columns
+        # a terminal gets a table folded to its width (COLUMNS may set it); a pipe or a file,
+        # which a script reads, or --wide gets every cell
+        width = (None if args.wide or not sys.stdout.isatty()
+                 else shutil.get_terminal_size().columns)
         print(listings.tasks_table(args.name or "", width=width))
     else:
         if not args.name:
