@@ -47,13 +47,22 @@ def set_aside_after(workdir: str, step: int) -> str:
             src = epath.Path(workdir) / part / str(s)
             if src.exists():
                 _move(src, dest / part / str(s))
-    if gcs.is_gcs(workdir):  # every gcsfs instance (epath's, orbax's) drops its listings
-        import gcsfs
-        for fs in list(getattr(gcsfs.GCSFileSystem, "_cache", {}).values()):
-            fs.invalidate_cache()
+    if gcs.is_gcs(workdir):
+        _forget_listings(workdir)
     return (f"--resume-from {step}: set aside checkpoint{'s' * (len(later) > 1)} "
             f"{', '.join(map(str, later))} (with {'their' if len(later) > 1 else 'its'} data "
             f"state) -> {dest}; move them back to undo")
+
+
+def _forget_listings(workdir: str) -> None:
+    """Every gcsfs instance that may have listed the workdir drops its listings: epath keeps
+    its own filesystem object (orbax lists steps through it), which need not be the one in
+    fsspec's instance cache any more, so both are refreshed."""
+    import gcsfs
+    from etils.epath import backend
+    backend.fsspec_backend.fs(workdir).invalidate_cache()
+    for fs in list(getattr(gcsfs.GCSFileSystem, "_cache", {}).values()):
+        fs.invalidate_cache()
 
 
 def _move(src, dst) -> None:
