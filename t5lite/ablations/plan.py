@@ -103,9 +103,7 @@ def plan_row(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: 
         extra += [f"train.steps={cfg.train.steps + ft_steps}", "checkpoint.keep=100000"]
         # one mixture has one length per feature: none shorter than a task's own finetuning
         # (the paper's CNN/DM and WMT targets: 512, not the denoising task's)
-        extra.append("data.feature_lengths=" + repr({
-            k: max([n] + [ft.cfg.data.feature_lengths.get(k, 0) for ft in stages])
-            for k, n in cfg.data.feature_lengths.items()}))
+        extra.append(_mixture_lengths(cfg, stages))
     if extra:
         plain, cfg = resolve(table.pretrain_config, layers + extra)
     return _finish(table, row, settings, layers + extra,
