@@ -1,0 +1,144 @@
+"""The model section of the config (ModelConfig with its PEFT and ELECTRA subsections): every
+field with its default, allowed values and meaning. In a file of its own so model variants
+(issue 38's modification rows among them) have room; schema.py re-exports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from t5lite.config.sections import Section, setting
+
+
+@dataclasses.dataclass
+class PeftConfig(Section):
+    """Parameter-efficient finetuning (t5lite/peft/). All off by default.
+
+    With any method on and ``train_only_peft``, only the PEFT params and ``train_also`` (new
+    task heads) are trained; the optimizer allocates no state for the rest.
+    """
+
+    lora_rank: int = setting(0, bounds=(0, None))  # 0 = no LoRA
+    lora_alpha: float = 16.0  # LoRA update scaled by lora_alpha / lora_rank
+    # DenseGeneral module names (globs) that get LoRA: query key value out wi wi_0 wi_1 wo
+    lora_targets: tuple = ("query", "value")
+    # prompt tuning: N soft tokens prepended to the (encoder) input
+    prompt_tokens: int = setting(0, bounds=(0, None))
+    # prefix tuning: N learned key/value vectors per self-attention
+    prefix_tokens: int = setting(0, bounds=(0, None))
+    # bottleneck adapters after attention and MLP (0 = off)
+    adapter_dim: int = setting(0, bounds=(0, None))
+    ia3: bool = False  # (IA)^3 scaling of keys, values and MLP hidden
+    freeze: tuple = ()  # glob patterns of parameter paths kept frozen, e.g. ("encoder/*",)
+    train_only_peft: bool = True  # with any PEFT option on, freeze everything else ...
+    # ... except these (globs over param paths): freshly initialised task heads
+    train_also: tuple = ("class_dense/*", "token_dense/*", "span_dense/*")
+    # gradual unfreezing (T5 paper 3.5.1): train heads + the top `unfreeze_layers` layers of
+    # encoder and decoder (in parallel), open `unfreeze_layers` more every `unfreeze_every`
+    # steps; input embeddings with the bottom layer, a tied one throughout. 0 = off.
+    unfreeze_every: int = setting(0, bounds=(0, None))
+    unfreeze_layers: int = setting(1, bounds=(1, None))
+    save_peft_params: bool = True  # write workdir/peft/<step>/ (PEFT params only) on save
+
+
+@dataclasses.dataclass
+class ElectraConfig(Section):
+    """ELECTRA replaced-token detection (t5lite/models/electra.py; Clark et al. 2020). Off by
+    default. On an encoder_only model, ``rtd_head`` adds the discriminator head (one logit per
+    token: original or replaced); ``generator_d_model > 0`` adds the generator, a small BERT
+    MLM sharing the embeddings that samples replacements at the masked positions (pretraining).
+    Loss = MLM(generator) + rtd_weight * RTD. With num_classes > 0 only the discriminator runs.
+    """
+
+    rtd_head: bool = False
+    generator_d_model: int = 0  # 0 = no generator (finetuning, or an imported discriminator)
+    generator_d_ff: int = 0  # 0 = d_ff scaled like d_model
+    generator_num_heads: int = 0  # 0 = generator_d_model // head_dim (the same head width)
+    generator_layers: int = 0  # 0 = num_encoder_layers
+    rtd_weight: float = 50.0  # the paper's lambda
+
+
+@dataclasses.dataclass
+class ModelConfig(Section):
+    """One config for all three families; variants are fields, not subclasses."""
+
+    architecture: str = setting("encoder_decoder", choices=(
+        "encoder_decoder", "decoder_only", "prefix_lm", "encoder_only"))
+    shared_encoder_decoder: bool = False  # paper's "shared": one set of layer weights
+    vocab_size: int = setting(32128, bounds=(1, None))
+    d_model: int = setting(512, bounds=(1, None))
+    num_heads: int = setting(8, bounds=(1, None))
+    head_dim: int = setting(64, bounds=(1, None))
+    d_ff: int = setting(2048, bounds=(1, None))
+    # width of the token / position / token-type embeddings (ALBERT / ELECTRA factorisation,
+    # HF embedding_size): 0 = d_model; else a dense embed_project maps it to d_model
+    embed_dim: int = 0
+    num_encoder_layers: int = setting(6, bounds=(0, None))
+    num_decoder_layers: int = setting(6, bounds=(0, None))
+    ffn: str = setting("relu", choices=("relu", "gelu", "gelu_tanh", "silu", "glu", "geglu",
+                                        "reglu", "swiglu", "bilinear"))
+    norm: str = setting("rmsnorm", choices=("rmsnorm", "layernorm"))
+    norm_eps: float = setting(1e-6, bounds=(0.0, None))
+    pre_norm: bool = True  # False = post-norm (BERT)
+    position: str = setting("relative", choices=("relative", "learned", "sinusoidal", "rope",
+                                                 "alibi"))
+    max_length: int = setting(512, bounds=(1, None))  # table size for learned positions
+    relative_buckets: int = setting(32, bounds=(1, None))
+    relative_max_distance: int = setting(128, bounds=(1, None))
+    tie_embeddings: bool = True  # output projection = input embedding transposed
+    use_bias: bool = False  # biases in dense layers (BERT, GPT-2)
+    # BERT segment (token type) embeddings
+    num_token_types: int = setting(0, bounds=(0, None))
+    nsp_head: bool = False  # BERT next-sentence prediction head (implies pooler)
+    pooler: bool = False
+    # convert.py export target when the architecture has several: "RobertaForMaskedLM"
+    # (RoBERTa: BERT layers, positions offset by padding_idx + 1); "" = by architecture
+    hf_class: str = ""
+    # >0 adds a classification head (see heads in architectures.py)
+    num_classes: int = setting(0, bounds=(0, None))
+    # >0: per-token tagging head (BIO), "token_logits" [B, L, C]
+    num_token_classes: int = setting(0, bounds=(0, None))
+    span_head: bool = False  # QA span extraction head: "start_logits" / "end_logits" [B, L]
+    # SpanBERT's Span Boundary Objective head (models/sbo.py): "sbo_logits" when the batch
+    # has encoder_span_* features (task corpus_spanbert); offsets beyond the table share its end
+    sbo_head: bool = False
+    sbo_max_span_length: int = 32
+    # BERT MLM: 0 = vocabulary logits at every position (Hugging Face); f in (0, 1] = only at
+    # the first N = ceil(f * L) positions per row with a nonzero encoder_loss_weight (Google
+    # BERT's max_predictions_per_seq, e.g. 20 of 128): the [B, L, V] output layer shrinks to
+    # [B, N, V]. Masked tokens beyond N in a row go unscored ("mlm_dropped_fraction" metric).
+    mlm_predict_fraction: float = 0.0
+    dropout_rate: float = 0.1
+    # compute dtype; params are always float32
+    dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"))
+    # Multi-axis projection kernels (attention query / key / value [D, H, K], out [H, K, D])
+    # stored as [fan_in, fan_out] matrices and reshaped in the layer, as the T5 paper's Mesh
+    # TensorFlow (attention combine_dims=True) and t5x store them. Adafactor then factors
+    # their second moments over (fan_in, fan_out) as both do; as [D, H, K] they stayed
+    # unfactored (second-largest dim K = 64 < min_dim_size_to_factor 128). And TPU tiles an
+    # array's two minor dims by (8, 128): an fsdp-sharded [D/n, H, K] kernel with no dim of
+    # 128 pads (its cost: bench/RESULTS.md). false = the layout of configs saved before the
+    # field existed (LEGACY_VALUES): their checkpoints still restore.
+    flat_kernels: bool = True
+    scan_layers: bool = True
+    # With scan_layers: layers per iteration of the compiled loop (lax.scan's unroll). 1 = one
+    # loop body (fastest compile); k > 1 unrolls k layers per iteration; 0 = the whole stack.
+    # Same parameter tree and numerics; unrolling skips the loop's per-layer slicing of params
+    # and stacking of activations (faster for small models on CPU, slower to compile).
+    scan_unroll: int = setting(1, bounds=(0, None))
+    remat: str = setting("none", choices=("none", "minimal", "full"))
+    # The gradient rules the model is traced with (models/gradient_rules.py): "cpu" gives a few
+    # operations hand-written VJPs that XLA:CPU runs fast; "accelerator" keeps autodiff's form
+    # and recomputes norms and activations in the backward pass (TPU, GPU); "auto" = the
+    # default backend at trace time. Same numbers either way. The TPU compile path sets
+    # "accelerator" (its host backend is the CPU). Configs saved before the field read "auto".
+    gradient_rules: str = setting("auto", choices=("auto", "cpu", "accelerator"))
+    # Family details (defaults = T5). BERT/GPT-2 presets in t5lite/config/presets.py set them.
+    embed_norm: bool = False  # norm after summing embeddings (BERT)
+    scale_attn_logits: bool = False  # q.k / sqrt(head_dim); T5 folds it into the query init
+    scale_tied_logits: bool = True  # T5 v1.0: decoder output * d_model**-0.5 before tied head
+    # 0 = T5X init (fan-in dense, N(0,1) embeddings); >0 = N(0, std)
+    init_std: float = setting(0.0, bounds=(0.0, None))
+    rope_max_wavelength: float = setting(10000.0, bounds=(1e-9, None))
+    peft: PeftConfig = dataclasses.field(default_factory=PeftConfig)
+    electra: ElectraConfig = dataclasses.field(default_factory=ElectraConfig)
