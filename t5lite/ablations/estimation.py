@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from t5lite.ablations.plan import Stage, check_tasks, get_scale, row_training_stages
+from t5lite.ablations.plan import (Stage, check_tasks, default_tasks,
+                                   row_training_stages)
 from t5lite.ablations.tables import Table, as_table
 from t5lite.errors import UserError
 from t5lite.monitor import flops as flops_lib
@@ -77,7 +78,7 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
     table; -> {"rows": {row: {...}}, "total": {...}}. Evaluation is not counted."""
     table = as_table(table)
     selected = [table.row(r) for r in rows] if rows else list(table.rows)
-    tasks = tuple(tasks) or get_scale(scale).tasks or table.tasks
+    tasks = tuple(tasks) or default_tasks(table, scale)
     check_tasks(tasks)
     cache, out = {}, {}
     for row in selected:

@@ -38,6 +38,12 @@ def get_scale(scale: str) -> Scale:
     return SCALES[scale]
 
 
+def default_tasks(table: Table, scale: str) -> tuple:
+    """The tasks a study finetunes on when --tasks names none: the table's own at this scale,
+    else the scale's, else the table's."""
+    return table.default_tasks(scale) or get_scale(scale).tasks or table.tasks
+
+
 def check_tasks(tasks: Sequence[str]) -> None:
     """UserError for a name that is no DOWNSTREAM task."""
     for t in tasks:
@@ -81,16 +87,18 @@ def plan_row(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: 
     stages = []
     for task in tasks:
         downstream = DOWNSTREAM[task]
-        init = [f"checkpoint.init_from={pre_dir}"] if row.pretrained else []
+        init = ([f"checkpoint.init_from={pre_dir}"]
+                if row.pretrained and not downstream.from_scratch else [])
         layers = (list(downstream.overrides) + list(settings.finetune) + user["finetune"]
-                  + seeds + list(table.finetune) + list(row.both) + list(row.finetune) + init)
+                  + seeds + list(table.finetune) + list(table.scale_layers(scale, "finetune"))
+                  + list(downstream.final) + list(row.both) + list(row.finetune) + init)
         plain, cfg = resolve(downstream.config, layers)
         stages.append(Stage("finetune", downstream.config, join_path(row_path, f"finetune_{task}"),
                             plain, cfg, task))
     if not row.pretrained:
         return None, stages
     layers = (list(settings.pretrain) + user["pretrain"] + seeds + list(table.pretrain)
-              + list(row.both) + list(row.pretrain))
+              + list(table.scale_layers(scale, "pretrain")) + list(row.both) + list(row.pretrain))
     plain, cfg = resolve(table.pretrain_config, layers)
     extra = []
     for old, new in settings.renames:  # e.g. the local corpus tasks -> C4 at paper scale
@@ -122,7 +130,8 @@ def _finish(table: Table, row: Row, settings: Scale, layers: list, pre: Stage,
     if row.leave_one_out:
         stages = [_leave_one_out(table, layers, pre, ft) for ft in stages]
     if settings.continue_pretraining and not row.multitask:
-        stages = [_continue_pretraining(ft, ft.source or pre) for ft in stages]
+        stages = [ft if DOWNSTREAM[ft.task].from_scratch
+                  else _continue_pretraining(ft, ft.source or pre) for ft in stages]
     return (None if row.leave_one_out else pre), stages
 
 

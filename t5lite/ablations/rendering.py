@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from t5lite.ablations.files import join_path, read_json, row_dir
-from t5lite.ablations.paper import DOWNSTREAM, PAPER_BASELINE_STD, PAPER_COLUMNS
+from t5lite.ablations.paper import DOWNSTREAM
 from t5lite.ablations.tables import Row, Table
 
 
@@ -24,8 +24,8 @@ def _bold_set(values: dict, std: float) -> set:
     return {r for r, v in values.items() if v >= best - 2 * std - 1e-12}
 
 
-def _fmt(x: float, bold: bool, spread: Optional[float] = None) -> str:
-    cell = f"{x:.2f}" + (f" ± {spread:.2f}" if spread is not None else "")
+def _fmt(x: float, bold: bool, spread: Optional[float] = None, decimals: int = 2) -> str:
+    cell = f"{x:.{decimals}f}" + (f" ± {spread:.{decimals}f}" if spread is not None else "")
     return f"**{cell}**" if bold else cell
 
 
@@ -52,10 +52,19 @@ def _bold_rows(table: Table, done: dict, keys: list[str], paper_rows: list[Row])
         spread = stds.get(table.baseline) if table.baseline in stds else (
             sum(stds.values()) / len(stds) if stds else 0.0)
         bold[k] = _bold_set(vals, spread)
-    for i, c in enumerate(PAPER_COLUMNS):
+    for i, c in enumerate(table.paper_columns):
         vals = {r.name: r.paper[i] for r in paper_rows if r.paper[i] is not None}
-        bold[c] = _bold_set(vals, PAPER_BASELINE_STD[i])
+        bold[c] = (_beats_baseline(table, vals, c) if table.bold_vs_baseline
+                   else _bold_set(vals, table.paper_std[i]))
     return bold
+
+
+def _beats_baseline(table: Table, values: dict, column: str) -> set:
+    """The rows better than the baseline row in ``column`` (lower_is_better: smaller)."""
+    if table.baseline not in values:
+        return set()
+    base, sign = values[table.baseline], -1 if column in table.lower_is_better else 1
+    return {r for r, v in values.items() if r != table.baseline and sign * (v - base) > 1e-12}
 
 
 def _row_line(table: Table, row: Row, res: Optional[dict], keys: list[str], bold: dict,
@@ -72,8 +81,9 @@ def _row_line(table: Table, row: Row, res: Optional[dict], keys: list[str], bold
                           res.get("std", {}).get(k, 0.0) if several else None))
     if with_paper:
         cells += ["–" if row.paper is None or row.paper[i] is None
-                  else _fmt(row.paper[i], row.name in bold[c])
-                  for i, c in enumerate(PAPER_COLUMNS)]
+                  else _fmt(row.paper[i], row.name in bold[c],
+                            decimals=dict(table.paper_decimals).get(c, 2))
+                  for i, c in enumerate(table.paper_columns)]
     return "| " + " | ".join(label + cells) + " |"
 
 
@@ -85,7 +95,10 @@ def _notes(table: Table, done: dict, missing: list[str], with_paper: bool) -> li
              f"split" + (f", mean ± std over {n_seeds} seeds" if n_seeds > 1 else ", one seed")
              + "; ★ = the paper's baseline; bold = within two standard deviations of the "
              "column's best (the paper's rule)."]
-    if with_paper:
+    if with_paper and table.paper_source:
+        notes.append(table.paper_source
+                     + (f" {table.paper_note}" if table.paper_note else ""))
+    elif with_paper:
         notes.append("Paper: arXiv 1910.10683v4, its validation-set numbers (GLUE and SuperGLUE "
                      "averages, CNN/DM ROUGE-2-F, SQuAD, WMT BLEU); bold by its Table 1 "
                      "baseline spread."
@@ -107,7 +120,7 @@ def render(table: Table, workdir: str) -> str:
     paper_rows = [r for r in table.rows if r.paper is not None]
     header = list(table.label_columns) + [_metric_header(k) for k in keys]
     if paper_rows:
-        header += [f"{c} (paper)" for c in PAPER_COLUMNS]
+        header += [f"{c} (paper)" for c in table.paper_columns]
     lines = [f"**{table.name}**: {table.caption}", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
     bold = _bold_rows(table, done, keys, paper_rows)

@@ -12,7 +12,8 @@ from t5lite import config as config_lib
 from t5lite.ablations import ensembles
 from t5lite.ablations.files import join_path, read_json, row_dir, write_json
 from t5lite.ablations.paper import DOWNSTREAM
-from t5lite.ablations.plan import (Stage, check_splits, check_tasks, eval_checkpoint,
+from t5lite.ablations.plan import (Stage, check_splits, check_tasks, default_tasks,
+                                   eval_checkpoint,
                                    eval_command_line, eval_overrides, eval_tasks, get_scale,
                                    per_checkpoint_selection, plan_members, plan_row,
                                    row_training_stages, training_stages)
@@ -248,8 +249,7 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     from t5lite.store import checkpointing
     workdir = checkpointing.abspath(workdir)
     selected = [table.row(r) for r in rows] if rows else list(table.rows)
-    settings = get_scale(scale)
-    tasks = tuple(tasks) or settings.tasks or table.tasks
+    tasks = tuple(tasks) or default_tasks(table, scale)
     check_tasks(tasks)
     check_splits(tasks, scale)
     results = {}

@@ -9,7 +9,7 @@ from typing import Optional
 
 from t5lite import config as config_lib
 from t5lite.config import python_files
-from t5lite.ablations.paper import PAPER_COLUMNS
+from t5lite.ablations.paper import PAPER_BASELINE_STD, PAPER_COLUMNS
 from t5lite.errors import UserError
 
 
@@ -31,7 +31,8 @@ class Row:
     # shared_pretraining, finetuned from one pretrained model), evaluated as one ensemble
     ensemble: int = 0
     shared_pretraining: bool = False
-    paper: Optional[tuple] = None  # the paper's numbers, one per PAPER_COLUMNS (None = unknown)
+    # the paper's numbers, one per the table's paper_columns (None = unknown)
+    paper: Optional[tuple] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,20 @@ class Table:
     finetune: tuple = ()  # ... and finetuning stages
     tasks: tuple = ("sentiment",)  # default downstream tasks (keys of DOWNSTREAM)
     paper_note: str = ""  # caveats about the paper's published numbers
+    # The paper's columns and how they are bolded. The T5 tables: PAPER_COLUMNS, bold within
+    # two of the Table 1 baseline's standard deviations of the best; a table from another
+    # paper names its own columns, and with bold_vs_baseline bolds what beats the baseline
+    # row (lower_is_better: the columns where less is better, e.g. a loss)
+    paper_columns: tuple = PAPER_COLUMNS
+    paper_std: tuple = PAPER_BASELINE_STD
+    paper_source: str = ""  # "" = the T5 paper's note under the rendered table
+    bold_vs_baseline: bool = False
+    lower_is_better: tuple = ()
+    paper_decimals: tuple = ()  # ((column, decimals), ...) where not 2
+    # per scale: (pretraining, finetuning) overrides after the table's own, e.g. the paper's
+    # finetuning learning rate at --scale paper only
+    scale_overrides: tuple = ()  # ((scale, (pretrain overrides), (finetune overrides)), ...)
+    scale_tasks: tuple = ()  # ((scale, tasks), ...): the default tasks there (before Scale's)
 
     def __post_init__(self):
         names = [r.name for r in self.rows]
@@ -54,15 +69,26 @@ class Table:
         if self.baseline and self.baseline not in names:
             raise UserError(f"{self.name}: baseline {self.baseline!r} is not a row")
         for r in self.rows:
-            if r.paper is not None and len(r.paper) != len(PAPER_COLUMNS):
+            if r.paper is not None and len(r.paper) != len(self.paper_columns):
                 raise UserError(f"{self.name}/{r.name}: paper numbers need one per column "
-                                f"{PAPER_COLUMNS}")
+                                f"{self.paper_columns}")
             if (r.leave_one_out or r.ensemble) and (r.multitask or not r.pretrained):
                 raise UserError(f"{self.name}/{r.name}: leave-one-out and ensemble rows "
                                 "pretrain and finetune (not multitask, not pretrained=False)")
             if len(r.label) != len(self.label_columns):
                 raise UserError(f"{self.name}/{r.name}: label {r.label} needs "
                                 f"{len(self.label_columns)} entries ({self.label_columns})")
+
+    def scale_layers(self, scale: str, stage: str) -> tuple:
+        """This table's own overrides of ``stage`` ("pretrain" / "finetune") at ``scale``."""
+        for name, pre, fine in self.scale_overrides:
+            if name == scale:
+                return tuple(pre if stage == "pretrain" else fine)
+        return ()
+
+    def default_tasks(self, scale: str) -> tuple:
+        """The table's own downstream tasks at ``scale`` (() = none named there)."""
+        return next((tuple(t) for name, t in self.scale_tasks if name == scale), ())
 
     def row(self, name: str) -> Row:
         for r in self.rows:
@@ -84,9 +110,12 @@ def table_names() -> list[str]:
 
 
 def load_table(name: str) -> Table:
-    """`table6`, `6`, or a path to a file defining TABLE."""
+    """`table6`, `6`, `modifications` (a file's name in configs/ablations/), or a path to a
+    file defining TABLE."""
     path = name if name.endswith(".py") and os.path.isfile(name) else os.path.join(
-        tables_dir(), (name if name.startswith("table") else f"table{name}") + ".py")
+        tables_dir(), name + ".py")
+    if not os.path.isfile(path) and not name.endswith(".py"):
+        path = os.path.join(tables_dir(), f"table{name}.py")
     if not os.path.isfile(path):
         raise UserError(f"no ablation table {name!r}." + did_you_mean(name, table_names())
                         + f" Tables: {', '.join(table_names())} (`t5lite ablate --list`).")

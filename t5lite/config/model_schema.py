@@ -76,8 +76,10 @@ class ModelConfig(Section):
     num_encoder_layers: int = setting(6, bounds=(0, None))
     num_decoder_layers: int = setting(6, bounds=(0, None))
     ffn: str = setting("relu", choices=("relu", "gelu", "gelu_tanh", "silu", "glu", "geglu",
-                                        "reglu", "swiglu", "bilinear"))
-    norm: str = setting("rmsnorm", choices=("rmsnorm", "layernorm"))
+                                        "reglu", "swiglu", "bilinear", "elu", "selu",
+                                        "sigmoid", "softplus"))
+    # "none": no norm layers (ReZero, Fixup: the residual branches are scaled instead)
+    norm: str = setting("rmsnorm", choices=("rmsnorm", "layernorm", "none"))
     norm_eps: float = setting(1e-6, bounds=(0.0, None))
     pre_norm: bool = True  # False = post-norm (BERT)
     position: str = setting("relative", choices=("relative", "learned", "sinusoidal", "rope",
@@ -140,5 +142,23 @@ class ModelConfig(Section):
     # 0 = T5X init (fan-in dense, N(0,1) embeddings); >0 = N(0, std)
     init_std: float = setting(0.0, bounds=(0.0, None))
     rope_max_wavelength: float = setting(10000.0, bounds=(1e-9, None))
+    # Narang et al. 2021's modifications (models/residual.py, models/embeddings.py):
+    # ReZero: each residual branch times a learned scalar that starts at 0 (Bachlechner et al.)
+    rezero: bool = False
+    # Fixup (Zhang et al. 2019): with norm="none", scalar shift before and scale after each
+    # branch, the branches' last projections start at zero, the others' He init is scaled
+    # by (number of residual branches) ** -1/2
+    fixup: bool = False
+    # ALBERT block sharing: one set of layer weights used at every layer of the stack
+    share_encoder_block: bool = False
+    share_decoder_block: bool = False
+    # Universal Transformer: a shared block applied this many times (0 = the stack's layers),
+    # with a learned embedding of the step added before each application
+    universal_steps: int = setting(0, bounds=(0, None))
+    # ALBERT factorized embedding: token embedding [V, E] then [E, d_model] (0 = off); the
+    # tied softmax goes back through both
+    factorized_embed_dim: int = setting(0, bounds=(0, None))
+    # encoder and decoder read one input embedding (T5); False = one each
+    tie_encoder_decoder_embeddings: bool = True
     peft: PeftConfig = dataclasses.field(default_factory=PeftConfig)
     electra: ElectraConfig = dataclasses.field(default_factory=ElectraConfig)

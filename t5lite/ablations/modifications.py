@@ -1,0 +1,236 @@
+"""Narang et al. 2021, "Do Transformer Modifications Transfer Across Implementations and
+Applications?" (EMNLP 2021, arXiv 2102.11972), Table 1 as data: every modification a config
+delta on the paper's "Vanilla Transformer", rendered beside the paper's numbers.
+
+The vanilla baseline (the paper's section 3 and its gin configs, google-research
+transformer_modifications/gin/models/vanilla_transformer_rel_bias_shared.gin): T5 1.0 base
+sizes (12 + 12 layers, d_model 768, 12 heads of 64, d_ff 3072, ReLU), LayerNorm (with bias)
+before each sub-layer and at the end of each stack, T5's relative position bias shared across
+layers and no absolute positions, one embedding shared by the encoder input, decoder input and
+(rescaled) softmax. Pretraining: span corruption (mean span 3, 15%) on C4, 2^19 steps of
+65,536 tokens (128 x 512), Adafactor with the inverse square root schedule, no dropout; the
+early loss is at 65,536 steps. Finetuning: dropout 0.1, constant learning rate 5e-4, on
+SuperGLUE and XSum (2^18 steps) and closed-book WebQuestions (30,000 steps); WMT'14 En-De is
+trained from scratch (150,000 steps). ReZero and Fixup use Adam (the paper: Adafactor did not
+train them).
+
+Each row's overrides hold at every scale: sizes are ratios of the scale's model (the depth
+rows keep the paper's layers : d_ff : heads proportions), so `--scale tiny` runs the same
+deltas on the tiny model. The paper columns: Params (M), Ops (T: total operations of a step),
+Step/s (pretraining steps per second on its TPU slice), Early loss (mean over 5 runs at
+65,536 steps; EARLY_LOSS_STD holds its standard deviation), Final loss (524,288 steps),
+SGLUE (SuperGLUE average), XSum (ROUGE-2), WebQ (accuracy), WMT EnDe (BLEU, no pretraining).
+
+Other rows (mixture of experts, Switch, product key memory, Funnel, weighted Transformer,
+transparent attention; the Synthesizers, convolutions, Evolved Transformer, adaptive softmax
+and inputs, mixture of softmaxes) add their Row to ROWS below with the paper's numbers from
+PAPER.
+"""
+
+from __future__ import annotations
+
+from t5lite.ablations.tables import Row, Table
+
+COLUMNS = ("Params (M)", "Ops (T)", "Step/s", "Early loss", "Final loss", "SGLUE", "XSum",
+           "WebQ", "WMT EnDe")
+LOWER_IS_BETTER = ("Early loss", "Final loss")
+DECIMALS = (("Params (M)", 0), ("Ops (T)", 1), ("Early loss", 3), ("Final loss", 3))
+
+# The paper's Table 1, row by row (arXiv 2102.11972v2), one value per COLUMNS. The
+# Dynamic convolution row as printed in the paper's PDF.
+PAPER = {
+    "vanilla": (223, 11.1, 3.50, 2.182, 1.838, 71.66, 17.78, 23.02, 26.62),
+    "gelu": (223, 11.1, 3.58, 2.179, 1.838, 75.79, 17.86, 25.13, 26.47),
+    "swish": (223, 11.1, 3.62, 2.186, 1.847, 73.77, 17.74, 24.34, 26.75),
+    "elu": (223, 11.1, 3.56, 2.270, 1.932, 67.83, 16.73, 23.02, 26.08),
+    "glu": (223, 11.1, 3.59, 2.174, 1.814, 74.20, 17.42, 24.34, 27.12),
+    "geglu": (223, 11.1, 3.55, 2.130, 1.792, 75.96, 18.27, 24.87, 26.87),
+    "reglu": (223, 11.1, 3.57, 2.145, 1.803, 76.17, 18.36, 24.87, 27.02),
+    "selu": (223, 11.1, 3.55, 2.315, 1.948, 68.76, 16.76, 22.75, 25.99),
+    "swiglu": (223, 11.1, 3.53, 2.127, 1.789, 76.00, 18.20, 24.34, 27.02),
+    "liglu": (223, 11.1, 3.59, 2.149, 1.798, 75.34, 17.97, 24.34, 26.53),
+    "sigmoid": (223, 11.1, 3.63, 2.291, 1.867, 74.31, 17.51, 23.02, 26.30),
+    "softplus": (223, 11.1, 3.47, 2.207, 1.850, 72.45, 17.65, 24.34, 26.89),
+    "rms_norm": (223, 11.1, 3.68, 2.167, 1.821, 75.45, 17.94, 24.07, 27.14),
+    "rezero": (223, 11.1, 3.51, 2.262, 1.939, 61.69, 15.64, 20.90, 26.37),
+    "rezero_layer_norm": (223, 11.1, 3.26, 2.223, 1.858, 70.42, 17.58, 23.02, 26.29),
+    "rezero_rms_norm": (223, 11.1, 3.34, 2.221, 1.875, 70.33, 17.32, 23.02, 26.19),
+    "fixup": (223, 11.1, 2.95, 2.382, 2.067, 58.56, 14.42, 23.02, 26.31),
+    "depth24": (224, 11.1, 3.33, 2.200, 1.843, 74.89, 17.75, 25.13, 26.89),
+    "depth18": (223, 11.1, 3.38, 2.185, 1.831, 76.45, 16.83, 24.34, 27.10),
+    "depth8": (223, 11.1, 3.69, 2.190, 1.847, 74.58, 17.69, 23.28, 26.85),
+    "depth6": (223, 11.1, 3.70, 2.201, 1.857, 73.55, 17.59, 24.60, 26.66),
+    "block_sharing": (65, 11.1, 3.91, 2.497, 2.164, 64.50, 14.53, 21.96, 25.48),
+    "block_sharing_factorized": (45, 9.4, 4.21, 2.631, 2.183, 60.84, 14.00, 19.84, 25.27),
+    "block_sharing_factorized_shared": (20, 9.1, 4.37, 2.907, 2.385, 53.95, 11.37, 19.84,
+                                        25.19),
+    "encoder_block_sharing": (170, 11.1, 3.68, 2.298, 1.929, 69.60, 16.23, 23.02, 26.23),
+    "decoder_block_sharing": (144, 11.1, 3.70, 2.352, 2.082, 67.93, 16.13, 23.81, 26.08),
+    "factorized_embed": (227, 9.4, 3.80, 2.208, 1.855, 70.41, 15.92, 22.75, 26.50),
+    "factorized_shared_embed": (202, 9.1, 3.92, 2.320, 1.952, 68.69, 16.33, 22.22, 26.44),
+    "tied_encoder_decoder_input": (248, 11.1, 3.55, 2.192, 1.840, 71.70, 17.72, 24.34, 26.49),
+    "tied_decoder_input_output": (248, 11.1, 3.57, 2.187, 1.827, 74.86, 17.74, 24.87, 26.67),
+    "untied_embeddings": (273, 11.1, 3.53, 2.195, 1.834, 72.99, 17.58, 23.28, 26.48),
+    "adaptive_input": (204, 9.2, 3.55, 2.250, 1.899, 66.57, 16.21, 24.07, 26.66),
+    "adaptive_softmax": (204, 9.2, 3.60, 2.364, 1.982, 72.91, 16.67, 21.16, 25.56),
+    "adaptive_softmax_no_projection": (223, 10.8, 3.43, 2.229, 1.914, 71.82, 17.10, 23.02,
+                                       25.72),
+    "mixture_of_softmaxes": (232, 16.3, 2.24, 2.227, 1.821, 76.77, 17.62, 22.75, 26.82),
+    "transparent_attention": (223, 11.1, 3.33, 2.181, 1.874, 54.31, 10.40, 21.16, 26.80),
+    "dynamic_conv": (257, 11.8, 2.65, 2.403, 2.047, 58.30, 12.67, 21.16, 17.03),
+    "lightweight_conv": (224, 10.4, 4.07, 2.370, 1.989, 63.07, 14.86, 23.02, 24.73),
+    "evolved_transformer": (217, 9.9, 3.09, 2.220, 1.863, 73.67, 10.76, 24.07, 26.58),
+    "synthesizer_dense": (224, 11.4, 3.47, 2.334, 1.962, 61.03, 14.27, 16.14, 26.63),
+    "synthesizer_dense_plus": (243, 12.6, 3.22, 2.191, 1.840, 73.98, 16.96, 23.81, 26.71),
+    "synthesizer_dense_plus_alpha": (243, 12.6, 3.01, 2.180, 1.828, 74.25, 17.02, 23.28,
+                                     26.61),
+    "synthesizer_factorized": (207, 10.1, 3.94, 2.341, 1.968, 62.78, 15.39, 23.55, 26.42),
+    "synthesizer_random": (254, 10.1, 4.08, 2.326, 2.009, 54.27, 10.35, 19.56, 26.44),
+    "synthesizer_random_plus": (292, 12.0, 3.63, 2.189, 1.842, 73.32, 17.04, 24.87, 26.43),
+    "synthesizer_random_plus_alpha": (292, 12.0, 3.42, 2.186, 1.828, 75.24, 17.08, 24.08,
+                                      26.39),
+    "universal_transformer": (84, 40.0, 0.88, 2.406, 2.053, 70.13, 14.09, 19.05, 23.91),
+    "mixture_of_experts": (648, 11.7, 3.20, 2.148, 1.785, 74.55, 18.13, 24.08, 26.94),
+    "switch_transformer": (1100, 11.7, 3.18, 2.135, 1.758, 75.38, 18.02, 26.19, 26.81),
+    "funnel_transformer": (223, 1.9, 4.30, 2.288, 1.918, 67.34, 16.26, 22.75, 23.20),
+    "weighted_transformer": (280, 71.0, 0.59, 2.378, 1.989, 69.04, 16.98, 23.02, 26.30),
+    "product_key_memory": (421, 386.6, 0.25, 2.155, 1.798, 75.16, 17.04, 23.55, 26.73),
+}
+# The early loss's standard deviation over the paper's 5 runs at 65,536 steps
+EARLY_LOSS_STD = {
+    "vanilla": 0.005, "gelu": 0.003, "swish": 0.003, "elu": 0.007, "glu": 0.003,
+    "geglu": 0.006, "reglu": 0.004, "selu": 0.004, "swiglu": 0.003, "liglu": 0.005,
+    "sigmoid": 0.019, "softplus": 0.011, "rms_norm": 0.008, "rezero": 0.003,
+    "rezero_layer_norm": 0.006, "rezero_rms_norm": 0.009, "fixup": 0.012, "depth24": 0.007,
+    "depth18": 0.005, "depth8": 0.005, "depth6": 0.010, "block_sharing": 0.037,
+    "block_sharing_factorized": 0.305, "block_sharing_factorized_shared": 0.313,
+    "encoder_block_sharing": 0.023, "decoder_block_sharing": 0.029, "factorized_embed": 0.006,
+    "factorized_shared_embed": 0.010, "tied_encoder_decoder_input": 0.002,
+    "tied_decoder_input_output": 0.007, "untied_embeddings": 0.005, "adaptive_input": 0.002,
+    "adaptive_softmax": 0.005, "adaptive_softmax_no_projection": 0.009,
+    "mixture_of_softmaxes": 0.017, "transparent_attention": 0.014, "dynamic_conv": 0.009,
+    "lightweight_conv": 0.009, "evolved_transformer": 0.003, "synthesizer_dense": 0.021,
+    "synthesizer_dense_plus": 0.010, "synthesizer_dense_plus_alpha": 0.007,
+    "synthesizer_factorized": 0.017, "synthesizer_random": 0.012,
+    "synthesizer_random_plus": 0.004, "synthesizer_random_plus_alpha": 0.007,
+    "universal_transformer": 0.036, "mixture_of_experts": 0.006, "switch_transformer": 0.007,
+    "funnel_transformer": 0.008, "weighted_transformer": 0.021, "product_key_memory": 0.003,
+}
+
+# The vanilla Transformer at any scale: the scale's sizes with T5 1.0's d_ff = 4 d_model and
+# ReLU, LayerNorm before each sub-layer, shared relative attention bias, all three embeddings
+# tied (the tied softmax rescaled by d_model**-0.5 as T5 1.0). The T5 paper's tables use
+# RMSNorm; this baseline does not (vanilla_transformer.gin).
+VANILLA = ("model.ffn=relu", "model.d_ff:=4 * cfg.model.d_model", "model.norm=layernorm",
+           "model.pre_norm=True", "model.position=relative", "model.tie_embeddings=True",
+           "model.scale_tied_logits=True", "model.embed_dim=0")
+PRETRAIN = ("data.mixture_or_task=corpus_span_corruption",
+            "data.feature_lengths.targets:=span_targets(L, 0.15, 3)",
+            "model.dropout_rate=0.0")  # "We do not use any regularization during pre-training"
+FINETUNE = ("model.dropout_rate=0.1",)
+# --scale paper: finetuning at a constant 5e-4 (the paper; its warm-up restarts at the
+# pretrained step, which a run that continues the pretraining's count has passed)
+PAPER_FINETUNE = ("optim.learning_rate=5e-4", "optim.schedule=constant")
+# ReZero and Fixup train with Adam: linear warm-up over 4,000 steps, then inverse square root
+# (peak 0.05 / sqrt(10^4) = 5e-4); finetuning at a constant 5e-5
+ADAM = ("optim.name=adamw", "optim.learning_rate=5e-4", "optim.schedule=rsqrt",
+        "optim.warmup_steps:=min(4000, cfg.optim.warmup_steps)")
+ADAM_FINETUNE = ("optim.name=adamw", "optim.learning_rate=5e-5", "optim.schedule=constant")
+
+
+def _scaled(key: str, ratio: str) -> str:
+    """`key` set to the scale's value times the paper's ``ratio`` (at least 1)."""
+    return f"model.{key}:=max(1, round(cfg.model.{key} * {ratio}))"
+
+
+def _depth(layers: int, d_ff: int, heads: int) -> tuple:
+    """The paper's depth row at equal parameters: its layers, d_ff and heads relative to the
+    vanilla 12 layers, d_ff 3072, 12 heads."""
+    return (_scaled("num_encoder_layers", f"{layers} / 12"),
+            _scaled("num_decoder_layers", f"{layers} / 12"),
+            _scaled("d_ff", f"{d_ff} / 3072"), _scaled("num_heads", f"{heads} / 12"))
+
+
+def _row(name: str, label: str, both: tuple = (), pretrain: tuple = (),
+         finetune: tuple = ()) -> Row:
+    return Row(name, (label,), both=both, pretrain=pretrain, finetune=finetune,
+               paper=PAPER[name])
+
+
+GATED = _scaled("d_ff", "2048 / 3072")  # the GLU rows: 3 matrices in the params of 2
+BLOCK_SHARING = ("model.share_encoder_block=True", "model.share_decoder_block=True")
+UNTIED_SOFTMAX = ("model.tie_embeddings=False",)
+FACTORIZED = ("model.factorized_embed_dim:=min(128, cfg.model.d_model)",)
+
+ROWS = (
+    _row("vanilla", "Vanilla Transformer"),
+    # activations (the feed-forward block's)
+    _row("gelu", "GeLU", ("model.ffn=gelu_tanh",)),
+    _row("swish", "Swish", ("model.ffn=silu",)),
+    _row("elu", "ELU", ("model.ffn=elu",)),
+    _row("glu", "GLU", ("model.ffn=glu", GATED)),
+    _row("geglu", "GeGLU", ("model.ffn=geglu", GATED)),
+    _row("reglu", "ReGLU", ("model.ffn=reglu", GATED)),
+    _row("selu", "SeLU", ("model.ffn=selu",)),
+    _row("swiglu", "SwiGLU", ("model.ffn=swiglu", GATED)),
+    _row("liglu", "LiGLU", ("model.ffn=bilinear", GATED)),
+    _row("sigmoid", "Sigmoid", ("model.ffn=sigmoid",)),
+    _row("softplus", "Softplus", ("model.ffn=softplus",)),
+    # normalization
+    _row("rms_norm", "RMS Norm", ("model.norm=rmsnorm",)),
+    _row("rezero", "Rezero", ("model.norm=none", "model.rezero=True"), ADAM, ADAM_FINETUNE),
+    _row("rezero_layer_norm", "Rezero + LayerNorm", ("model.rezero=True",), ADAM,
+         ADAM_FINETUNE),
+    _row("rezero_rms_norm", "Rezero + RMS Norm", ("model.norm=rmsnorm", "model.rezero=True"),
+         ADAM, ADAM_FINETUNE),
+    _row("fixup", "Fixup", ("model.norm=none", "model.fixup=True", "model.dtype=float32"),
+         ADAM, ADAM_FINETUNE),
+    # depth at equal parameters
+    _row("depth24", "24 layers, d_ff = 1536, H = 6", _depth(24, 1536, 6)),
+    _row("depth18", "18 layers, d_ff = 2048, H = 8", _depth(18, 2048, 8)),
+    _row("depth8", "8 layers, d_ff = 4608, H = 18", _depth(8, 4608, 18)),
+    _row("depth6", "6 layers, d_ff = 6144, H = 24", _depth(6, 6144, 24)),
+    # embeddings and parameter sharing (the block-sharing rows untie the softmax, as the paper)
+    _row("block_sharing", "Block sharing", BLOCK_SHARING + UNTIED_SOFTMAX),
+    _row("block_sharing_factorized", "+ Factorized embeddings",
+         BLOCK_SHARING + UNTIED_SOFTMAX + FACTORIZED),
+    _row("block_sharing_factorized_shared", "+ Factorized & shared embeddings",
+         BLOCK_SHARING + FACTORIZED),
+    _row("encoder_block_sharing", "Encoder only block sharing",
+         ("model.share_encoder_block=True",) + UNTIED_SOFTMAX),
+    _row("decoder_block_sharing", "Decoder only block sharing",
+         ("model.share_decoder_block=True",) + UNTIED_SOFTMAX),
+    _row("factorized_embed", "Factorized Embedding", UNTIED_SOFTMAX + FACTORIZED),
+    _row("factorized_shared_embed", "Factorized & shared embeddings", FACTORIZED),
+    _row("tied_encoder_decoder_input", "Tied encoder/decoder input embeddings", UNTIED_SOFTMAX),
+    _row("tied_decoder_input_output", "Tied decoder input and output embeddings",
+         ("model.tie_encoder_decoder_embeddings=False",)),
+    _row("untied_embeddings", "Untied embeddings",
+         ("model.tie_encoder_decoder_embeddings=False",) + UNTIED_SOFTMAX),
+    # architectures
+    _row("universal_transformer", "Universal Transformer",
+         BLOCK_SHARING + UNTIED_SOFTMAX + ("model.universal_steps=24",)),
+)
+
+TABLE = Table(
+    name="modifications",
+    caption="Do Transformer modifications transfer? (Narang et al. 2021, Table 1): each "
+            "modification against the vanilla Transformer.",
+    label_columns=("Model",),
+    baseline="vanilla",
+    pretrain=VANILLA + PRETRAIN,
+    finetune=VANILLA + FINETUNE,
+    rows=ROWS,
+    paper_columns=COLUMNS,
+    paper_std=(0.0,) * len(COLUMNS),
+    paper_source="Paper: Narang et al. 2021 (arXiv 2102.11972) Table 1: parameters, "
+                 "operations and steps per second of pretraining, the C4 loss at 65,536 and "
+                 "524,288 steps, the SuperGLUE average, XSum ROUGE-2 and WebQuestions "
+                 "accuracy after finetuning (validation sets), WMT'14 En-De BLEU without "
+                 "pretraining; bold = better than the vanilla Transformer (the paper's rule).",
+    bold_vs_baseline=True,
+    lower_is_better=LOWER_IS_BETTER,
+    paper_decimals=DECIMALS,
+    scale_overrides=(("paper", (), PAPER_FINETUNE),),
+    scale_tasks=(("paper", ("super_glue", "wmt_ende_scratch")),),
+)
