@@ -142,6 +142,30 @@ class ModelConfig(Section):
     # 0 = T5X init (fan-in dense, N(0,1) embeddings); >0 = N(0, std)
     init_std: float = setting(0.0, bounds=(0.0, None))
     rope_max_wavelength: float = setting(10000.0, bounds=(1e-9, None))
+    # Narang et al. 2021 rows (issue 38). The self-attention sub-layer's token mixer:
+    # dot-product attention, a Synthesizer (models/synthesizer.py; its logits cover at most
+    # max_length slots) or a lightweight / dynamic convolution (models/local_conv.py)
+    attention_type: str = setting("multihead", choices=(
+        "multihead", "synthesizer_dense", "synthesizer_dense_plus",
+        "synthesizer_dense_plus_alpha", "synthesizer_factorized", "synthesizer_random",
+        "synthesizer_random_plus", "synthesizer_random_plus_alpha", "lightweight_conv",
+        "dynamic_conv"))
+    synthesizer_rank: int = setting(16, bounds=(1, None))  # factorized R = R1 R2^T, [L, rank]
+    # convolution taps: centred in an encoder, ending at the query in a decoder
+    conv_kernel_size: int = setting(9, bounds=(1, None))
+    # distinct convolution kernels, each shared by d_model / conv_heads consecutive channels
+    # (Wu et al.'s weight tying); 0 = one kernel per channel
+    conv_heads: int = setting(0, bounds=(0, None))
+    # "evolved": Evolved Transformer blocks (models/evolved.py; one stands for two layers)
+    block_type: str = setting("transformer", choices=("transformer", "evolved"))
+    # the decoder's output layer (models/vocab_layers.py): one tied softmax, the adaptive
+    # softmax over vocab_clusters, or a mixture of mos_components softmaxes
+    output_softmax: str = setting("softmax", choices=("softmax", "adaptive", "mixture"))
+    adaptive_input: bool = False  # adaptive input embeddings over vocab_clusters
+    # ((token_count, embedding_size), ...) over consecutive ids, most frequent first; the
+    # counts sum to vocab_size; size 0 = d_model
+    vocab_clusters: tuple = ()
+    mos_components: int = setting(15, bounds=(1, None))
     # Narang et al. 2021's modifications (models/residual.py, models/embeddings.py):
     # ReZero: each residual branch times a learned scalar that starts at 0 (Bachlechner et al.)
     rezero: bool = False

@@ -11,6 +11,7 @@ import difflib
 import math
 
 from t5lite.config.dotted import get_by_path
+from t5lite.config.mixing_rules import check_mixing
 from t5lite.config.schema import Config, freeze
 from t5lite.errors import UserError
 
@@ -158,6 +159,7 @@ def check_model(m) -> None:
         raise UserError(f"position=rope needs an even head_dim, got {m.head_dim}.")
     if m.position == "sinusoidal" and m.d_model % 2:
         raise UserError(f"position=sinusoidal needs an even d_model, got {m.d_model}.")
+    check_mixing(m)
 
 
 def peft_enabled(m) -> bool:
