@@ -135,6 +135,12 @@ class ModelConfig(Section):
     # default backend at trace time. Same numbers either way. The TPU compile path sets
     # "accelerator" (its host backend is the CPU). Configs saved before the field read "auto".
     gradient_rules: str = setting("auto", choices=("auto", "cpu", "accelerator"))
+    # Attention: "xla" = logits + a [B, H, T, S] mask / position bias; "flash" = the Pallas
+    # kernel of models/flash_attention.py, which makes T5's relative bias (or ALiBi) and the
+    # masks inside itself and never holds [T, S] in HBM (long inputs). Off TPU it runs in
+    # Pallas interpret mode (same numbers, slow: for tests). No attention dropout, prefix LM
+    # or PEFT prefix keys; decoding with a KV cache uses "xla".
+    attention_kernel: str = setting("xla", choices=("xla", "flash"))
     # Family details (defaults = T5). BERT/GPT-2 presets in t5lite/config/presets.py set them.
     embed_norm: bool = False  # norm after summing embeddings (BERT)
     scale_attn_logits: bool = False  # q.k / sqrt(head_dim); T5 folds it into the query init

@@ -26,6 +26,7 @@ from flax import struct
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
+from t5lite.errors import UserError
 from t5lite.models import flash_bias, flash_kernels as K
 
 DEFAULT_BLOCK = 512
@@ -55,6 +56,36 @@ def segments(valid_BL, segments_BL=None):
     """The kernel's segment ids: the given ones (or 1) where valid, 0 at padding."""
     seg = jnp.ones(valid_BL.shape, jnp.int32) if segments_BL is None else segments_BL
     return jnp.where(valid_BL, seg.astype(jnp.int32), 0)
+
+
+def kernel_biases(stack, q_valid_BL, segments_BL, encoder_tokens_BS=None,
+                  encoder_segments_BS=None, deterministic=True):
+    """(self-attention KernelBias, cross-attention KernelBias or None) of a Stack (outside
+    decoding): the same masks as layers.self_attention_mask / cross_attention_mask, and the
+    stack's relative bias table (read from its RelativePositionBias) or ALiBi."""
+    cfg = stack.cfg
+    if cfg.architecture == "prefix_lm" or cfg.peft.prefix_tokens:
+        raise UserError("model.attention_kernel='flash' has no prefix-LM mask and no PEFT "
+                        "prefix keys; use model.attention_kernel='xla' for this model.")
+    if not deterministic and cfg.dropout_rate > 0:
+        raise UserError("model.attention_kernel='flash' has no attention dropout: set "
+                        "model.dropout_rate=0 (T5 v1.1 pretrains without) or use 'xla'.")
+    kind = cfg.position if cfg.position in ("relative", "alibi") else "none"
+    table_HN = None
+    if kind == "relative":
+        owner = stack if stack.shared is None else stack.shared
+        table_HN = owner.relpos_bias(None, None)
+    seg_BL = segments(q_valid_BL, segments_BL)
+    attn = KernelBias(seg_BL, seg_BL, table_HN, kind, causal=stack.kind == "decoder",
+                      bidirectional=stack.kind == "encoder",
+                      max_distance=cfg.relative_max_distance)
+    if encoder_tokens_BS is None:
+        return attn, None
+    both = segments_BL is not None and encoder_segments_BS is not None
+    k_valid_BS = encoder_tokens_BS != 0
+    cross = KernelBias(segments(q_valid_BL, segments_BL if both else None),
+                       segments(k_valid_BS, encoder_segments_BS if both else None))
+    return attn, cross
 
 
 def _round_up(n: int, m: int) -> int:

@@ -272,10 +272,14 @@ class MultiHeadAttention(nn.Module):
         q_BTHK, k_BSHK, v_BSHK = (constrain(a, axes) for a in (q_BTHK, k_BSHK, v_BSHK))
         if cfg.scale_attn_logits:
             q_BTHK = q_BTHK * jnp.asarray(k ** -0.5, dtype)
-        logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
-        weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
-        weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS, deterministic=deterministic)
-        out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
+        if hasattr(bias_BHTS, "attend"):  # model.attention_kernel="flash": a KernelBias
+            out_BTHK = bias_BHTS.attend(q_BTHK, k_BSHK, v_BSHK)
+        else:
+            logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
+            weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
+            weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS,
+                                                        deterministic=deterministic)
+            out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
         out_BTD = self.dense_layer("out", features=(cfg.d_model,), n_in=2,
                                    kernel_axes=("heads", "kv", "embed"), **shared)(out_BTHK)
         out_BTD = checkpoint_name(out_BTD, "out_proj")

@@ -72,9 +72,12 @@ class RelativePositionBias(nn.Module):
     @nn.compact
     def __call__(self, q_pos_BQ, k_pos_BS, bidirectional=None):
         """``bidirectional`` overrides the attribute (a shared encoder-decoder's encoder reads
-        its decoder's table with bidirectional buckets)."""
+        its decoder's table with bidirectional buckets). Without positions: the [H, N] table
+        itself (the flash attention kernel makes the bias from it)."""
         table_HN = self.param("rel_embedding", nn.with_logical_partitioning(
             nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
             ("heads", "relpos_buckets")), (self.num_heads, self.num_buckets), jnp.float32)
+        if q_pos_BQ is None:
+            return table_HN
         buckets_BQS = self.bucket(k_pos_BS[:, None, :] - q_pos_BQ[:, :, None], bidirectional)
         return jnp.transpose(table_HN[:, buckets_BQS], (1, 0, 2, 3))  # [B, H, Q, S]

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.errors import UserError
+from t5lite.models import flash_attention
 from t5lite.models import layers as L
 from t5lite.models import token_mixing
 from t5lite.models.evolved import EvolvedBlock
@@ -58,12 +59,12 @@ CORE_MODULES = StackModules()
 class LayerContext:
     """The arrays a Stack builds once and shares with all its Blocks."""
 
-    bias: jnp.ndarray  # self-attention mask as an additive bias [B, 1, T, S]
+    bias: Any  # self-attention mask as an additive bias [B, 1, T, S] (flash: a KernelBias)
     pos_bias: Optional[jnp.ndarray] = None  # relative / ALiBi position bias [1 or B, H, T, S]
     rope_pos: Optional[jnp.ndarray] = None  # RoPE positions [B, T]
     cache_index: Optional[jnp.ndarray] = None  # decoding: the KV cache write index []
     encoded: Optional[jnp.ndarray] = None  # encoder output for cross-attention [B, S, D]
-    cross_bias: Optional[jnp.ndarray] = None  # cross-attention mask bias [B, 1, T, S]
+    cross_bias: Optional[Any] = None  # cross-attention mask bias [B, 1, T, S] (or KernelBias)
 
 
 class Block(nn.Module):
@@ -225,6 +226,7 @@ class Stack(nn.Module):
             q_valid_BL = segments_BL != 0
         else:  # decoder inputs start with id 0 (BOS): only segment ids mark padding
             q_valid_BL = jnp.ones((b, t), bool) if segments_BL is None else segments_BL != 0
+        flash = cfg.attention_kernel == "flash" and not decode and not self.num_prompt
         if decode:
             seg_BL = jnp.ones((b, t), jnp.int32) if segments_BL is None else segments_BL
             index, positions_BL, k_pos_BS, k_seg_BS = self.decode_state(positions_BL, seg_BL)
@@ -233,8 +235,9 @@ class Stack(nn.Module):
             if positions_BL is None:
                 positions_BL = jnp.broadcast_to(jnp.arange(t), (b, t))
             k_pos_BS = positions_BL
-            mask_BLS = L.self_attention_mask(q_valid_BL, segments_BL, self.kind == "decoder",
-                                             prefix_BL if cfg.architecture == "prefix_lm" else None)
+            mask_BLS = None if flash else L.self_attention_mask(
+                q_valid_BL, segments_BL, self.kind == "decoder",
+                prefix_BL if cfg.architecture == "prefix_lm" else None)
         x_BLD = self.embed(tokens_BL, positions_BL, token_types_BL, deterministic)
         if self.num_prompt:  # prompt tuning: soft tokens in front, masks / positions extended
             if decode:
@@ -245,7 +248,7 @@ class Stack(nn.Module):
                 self.prompt, x_BLD, mask_BLS, q_valid_BL, positions_BL)
             k_pos_BS = positions_BL
         pos_bias = cache_index = rope_pos = encoded = cross_bias = None
-        if cfg.position in ("relative", "alibi"):
+        if cfg.position in ("relative", "alibi") and not flash:
             if not decode and not self.num_prompt:  # slot offsets equal position offsets in a
                 q_pos, k_pos = (jnp.arange(t)[None],) * 2  # (packed) segment: one [1, H, L, L]
             else:
@@ -263,9 +266,14 @@ class Stack(nn.Module):
         if encoded_BSD is not None:
             k_valid_BS = encoder_tokens_BS != 0
             encoded = encoded_BSD
-            cross_bias = L.attention_bias(L.cross_attention_mask(
+            cross_bias = None if flash else L.attention_bias(L.cross_attention_mask(
                 q_valid_BL, k_valid_BS, segments_BL, encoder_segments_BS))
-        ctx = LayerContext(bias=L.attention_bias(mask_BLS), pos_bias=pos_bias, rope_pos=rope_pos,
+        bias = None if flash else L.attention_bias(mask_BLS)
+        if flash:  # the kernel makes masks and position biases itself: nothing [T, S] here
+            bias, cross_bias = flash_attention.kernel_biases(
+                self, q_valid_BL, segments_BL, encoder_tokens_BS if encoded is not None else None,
+                encoder_segments_BS, deterministic)
+        ctx = LayerContext(bias=bias, pos_bias=pos_bias, rope_pos=rope_pos,
                            cache_index=cache_index, encoded=encoded, cross_bias=cross_bias)
         return x_BLD, ctx
 
