@@ -157,10 +157,29 @@ def _row(name: str, label: str, both: tuple = (), pretrain: tuple = (),
                paper=PAPER[name])
 
 
+def _clusters(counts: tuple, widths: tuple) -> str:
+    """model.vocab_clusters as the paper's clusters at the scale's sizes: cluster boundaries at
+    the paper's fractions of its 32,128-token vocabulary (so the counts sum to the scale's
+    vocabulary), widths as fractions of its d_model 768 (768 = d_model: no projection)."""
+    parts, previous, bound = [], "0", 0
+    for count, width in zip(counts, widths):
+        bound += count
+        edge = f"round(cfg.model.vocab_size * {bound} / 32128)"
+        size = "0" if width == 768 else f"{{max(1, round(cfg.model.d_model * {width} / 768))}}"
+        parts.append(f"{{{edge} - {previous}}}:{size}")
+        previous = edge
+    return "model.vocab_clusters:=f'" + ",".join(parts) + "'"
+
+
 GATED = _scaled("d_ff", "2048 / 3072")  # the GLU rows: 3 matrices in the params of 2
 BLOCK_SHARING = ("model.share_encoder_block=True", "model.share_decoder_block=True")
 UNTIED_SOFTMAX = ("model.tie_embeddings=False",)
 FACTORIZED = ("model.factorized_embed_dim:=min(128, cfg.model.d_model)",)
+SOFTMAX_CLUSTERS = (2500, 6000, 23500, 128)  # the last: the sentinels (extra ids)
+SYNTHESIZERS = (("dense", "dense"), ("dense_plus", "dense plus"),
+                ("dense_plus_alpha", "dense plus alpha"), ("factorized", "factorized"),
+                ("random", "random"), ("random_plus", "random plus"),
+                ("random_plus_alpha", "random plus alpha"))
 
 ROWS = (
     _row("vanilla", "Vanilla Transformer"),
@@ -207,7 +226,29 @@ ROWS = (
          ("model.tie_encoder_decoder_embeddings=False",)),
     _row("untied_embeddings", "Untied embeddings",
          ("model.tie_encoder_decoder_embeddings=False",) + UNTIED_SOFTMAX),
+    _row("adaptive_input", "Adaptive input embeddings",
+         ("model.adaptive_input=True", _clusters((2500, 6000, 23628), (768, 256, 64)))),
+    # softmax (models/vocab_layers.py: log-probabilities over the whole vocabulary)
+    _row("adaptive_softmax", "Adaptive softmax",
+         ("model.output_softmax=adaptive", _clusters(SOFTMAX_CLUSTERS, (768, 256, 64, 768)))),
+    _row("adaptive_softmax_no_projection", "Adaptive softmax without projection",
+         ("model.output_softmax=adaptive", _clusters(SOFTMAX_CLUSTERS, (768,) * 4))),
+    _row("mixture_of_softmaxes", "Mixture of softmaxes",
+         ("model.output_softmax=mixture", "model.mos_components=15")),
     # architectures
+    # the reference's convolutions: one kernel per channel (conv_heads=0: its gin's
+    # num_unique_depth_filters never reaches the layer), 9 taps (encoder -4..4, decoder -8..0);
+    # the dynamic row's d_ff 512 is its gin's
+    _row("dynamic_conv", "Dynamic convolution",
+         ("model.attention_type=dynamic_conv", _scaled("d_ff", "512 / 3072"))),
+    _row("lightweight_conv", "Lightweight convolution",
+         ("model.attention_type=lightweight_conv",)),
+    # one evolved block stands for two layers (the gin halves the depth)
+    _row("evolved_transformer", "Evolved Transformer",
+         ("model.block_type=evolved", _scaled("num_encoder_layers", "6 / 12"),
+          _scaled("num_decoder_layers", "6 / 12"))),
+) + tuple(_row(f"synthesizer_{key}", f"Synthesizer ({label})",
+               (f"model.attention_type=synthesizer_{key}",)) for key, label in SYNTHESIZERS) + (
     _row("universal_transformer", "Universal Transformer",
          BLOCK_SHARING + UNTIED_SOFTMAX + ("model.universal_steps=24",)),
 )

@@ -87,9 +87,10 @@ class LocalConvolution(nn.Module):
     """Lightweight (``model.attention_type=lightweight_conv``) or dynamic (``dynamic_conv``)
     convolution in place of self-attention, called like MultiHeadAttention.
 
-    GLU on the input (``glu_linear`` * sigmoid(``glu_gate``)), a depthwise convolution over
-    ``model.conv_kernel_size`` taps (centred in an encoder, ending at the query in a decoder)
-    whose weights are softmax-normalised over the taps, then the ``out`` projection. The
+    GLU on the input (``glu_linear`` * sigmoid(``glu_gate``)), a separable convolution (a
+    depthwise one over ``model.conv_kernel_size`` taps, centred in an encoder and ending at the
+    query in a decoder, whose weights are softmax-normalised over the taps; then ``pointwise``,
+    a dense layer with a bias, as the paper's reference), then the ``out`` projection. The
     lightweight kernel is a parameter; the dynamic one is predicted from each position's input
     (``kernel_predictor``). ``model.conv_heads`` = G kernels, each shared by D / G consecutive
     channels; 0 = one kernel per channel.
@@ -118,9 +119,10 @@ class LocalConvolution(nn.Module):
         weights_XWG = jax.nn.softmax(logits_BTWG.astype(jnp.float32), axis=-2)
         weights_XWD = expand_groups(weights_XWG.astype(L.compute_dtype(cfg)), d)
         self.sow("intermediates", "conv_weights", weights_XWD)
-        out_BTD = depthwise(src_BSD, slots_T, visible_BTS(bias_BHTS),
-                            tap_offsets(width, self.causal), weights_XWD)
-        out_BTD = dense("out", d, ("mlp", "embed"))(out_BTD)
+        conv_BTD = depthwise(src_BSD, slots_T, visible_BTS(bias_BHTS),
+                             tap_offsets(width, self.causal), weights_XWD)
+        conv_BTD = L.make_dense(cfg, d, ("mlp", "embed"), True, name="pointwise")(conv_BTD)
+        out_BTD = dense("out", d, ("embed", "mlp"))(conv_BTD)
         return L.constrain(out_BTD, ("batch", "length", "embed"))
 
 
@@ -140,7 +142,8 @@ class SeparableConv(nn.Module):
         d = x_BTD.shape[-1]
         src_BSD, slots_T = LocalInputs(name="inputs")(x_BTD, decode, cache_index)
         kernel_WD = self.param("depthwise", nn.with_logical_partitioning(
-            nn.initializers.normal(len(self.offsets) ** -0.5), (None, "mlp")), (len(self.offsets), d), jnp.float32)
+            nn.initializers.normal(len(self.offsets) ** -0.5), (None, "mlp")),
+            (len(self.offsets), d), jnp.float32)
         y_BTD = depthwise(src_BSD, slots_T, visible_BTS, self.offsets,
                           kernel_WD.astype(L.compute_dtype(cfg)))
         y_BTF = L.make_dense(cfg, self.features, ("mlp", "embed"), True, name="pointwise")(y_BTD)
