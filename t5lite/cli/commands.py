@@ -87,9 +87,12 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
     (one object on stdout) or text."""
     from t5lite.tpu import compile as tpu_compile, report, search, topology as tpu_topology
     from t5lite import config as config_lib
-    topo = tpu_topology.parse_topology(topology)
-    tpu_topology.require_libtpu()
     cfg = config_lib.load_config(config_name, list(overrides))
+    if not (topology or cfg.mesh.topology):
+        raise UserError(f"{config_name} states no TPU slice (mesh.topology): give --topology, "
+                        "e.g. --topology v5p-8")
+    topo = tpu_topology.parse_topology(topology or cfg.mesh.topology)
+    tpu_topology.require_libtpu()
     hbm = int(hbm_gib * tpu_topology.GiB) if hbm_gib > 0 else 0
     if decode:
         if do_search:
@@ -114,6 +117,8 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
         return res
     r = tpu_compile.compile_step(cfg, topo, hbm_bytes=hbm)
     out(json.dumps(r) if as_json else report.format_report(r))
+    if r["mesh_advice"] and not as_json:
+        out(r["mesh_advice"])
     return r
 
 

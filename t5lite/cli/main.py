@@ -236,9 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--config", required=True,
                     help="configs/NAME.py, a path, or a bare config name")
     add_set(sp)
-    sp.add_argument("--topology", required=True,
+    sp.add_argument("--topology", default="",
                     help="gcloud accelerator type (v4-8, v5p-32, v5litepod-16, v6e-8) or JAX "
-                         "topology name (v5p:2x2x4)")
+                         "topology name (v5p:2x2x4); default: the config's mesh.topology")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--search", action="store_true",
                     help="try (data, fsdp, tensor) meshes, remat policies and micro-batch "

@@ -5,13 +5,17 @@ T5 v1.0 (Raffel et al. 2020), T5 v1.1 (GeGLU, untied head, no pretraining dropou
 (Devlin et al. 2019) and GPT-2 (Radford et al. 2019). "tiny" sizes run the tests and the
 quickstart on a laptop CPU with the project's 8k SentencePiece vocabulary (8000 pieces + 100
 sentinels = 8100, padded to 8192).
+
+Each size also states the TPU slice it is meant for (mesh.topology) with the mesh, remat and
+batch that train it fastest there (SLICES below): what `t5lite compile` compiles with no flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from t5lite.config import Config, DataConfig, ModelConfig, OptimizerConfig, TrainConfig
+from t5lite.config import (Config, DataConfig, MeshConfig, ModelConfig, OptimizerConfig,
+                           TrainConfig)
 from t5lite.errors import UserError
 
 TINY_VOCAB = 8192
@@ -43,7 +47,50 @@ GPT2 = {
     "medium": (1024, 4096, 16, 64, 24),
     "large": (1280, 5120, 20, 64, 36),
 }
-BIG = ("3b", "11b", "xl", "xxl")  # rematerialise these by default
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """The TPU slice a preset is meant for and its best settings there, as `t5lite compile
+    --search` ranks them (bench/TPU_PLAN.md; bench/RESULTS.md, issue 34): remat policy, global
+    batch (0: the recipe's), tensor-parallel width. Parameters and optimizer state are sharded
+    over every chip (mesh data=1, fsdp=-1): the same config trains on one CPU or GPU."""
+    topology: str
+    remat: str = "none"
+    batch: int = 0
+    tensor: int = 1
+
+
+# Tiny sizes run the tests and the quickstart on a laptop CPU: one chip is their slice, and
+# their mesh stays data-parallel (the tests' 8 simulated devices split the batch).
+TINY = Slice("v5litepod-1")
+# t5x trains T5 v1.1 on C4 at batch 256 x (512, 114) (examples/t5/t5_1_1/examples/
+# c4_pretrain.gin); XL and XXL ship it, the smaller sizes the paper's 128
+SLICES = {
+    "t5_1_0": {"tiny": TINY, "small": Slice("v5p-8"), "base": Slice("v5p-8"),
+               "large": Slice("v5p-16"), "3b": Slice("v5p-32", "full"),
+               "11b": Slice("v5p-128", "full")},
+    "t5_1_1": {"tiny": TINY, "small": Slice("v5p-8"), "base": Slice("v5p-8"),
+               "large": Slice("v5p-16"), "xl": Slice("v5p-64", "full", batch=256),
+               "xxl": Slice("v5p-256", "full", batch=256)},
+    "bert": {"tiny": TINY, "base": Slice("v5p-8"), "large": Slice("v5p-16")},
+    "roberta": {"tiny": TINY, "base": Slice("v5p-8")},
+    # 512 x 1024 tokens and 50257-way logits: without remat GPT-2 needs 16+ chips
+    "gpt2": {"tiny": TINY, "small": Slice("v5p-32", "full"), "medium": Slice("v5p-64", "full"),
+             "large": Slice("v5p-64", "full")},
+    "electra": {"tiny": TINY, "small": Slice("v5p-8")},
+}
+
+
+def _on_slice(cfg: Config, family: str, size: str) -> Config:
+    """cfg with the slice, mesh, remat and batch of SLICES[family][size]."""
+    s = SLICES[family][size]
+    cfg.model.remat = s.remat
+    if s.batch:
+        cfg.data.batch_size = s.batch
+    cfg.mesh = (MeshConfig(topology=s.topology) if s is TINY else
+                MeshConfig(data=1, fsdp=-1, tensor=s.tensor, topology=s.topology))
+    return cfg
 
 
 def _size(table: dict, family: str, size: str):
@@ -55,7 +102,6 @@ def _size(table: dict, family: str, size: str):
 def _common(size: str, d, f, h, k) -> dict:
     return dict(d_model=d, d_ff=f, num_heads=h, head_dim=k,
                 dtype="float32" if size == "tiny" else "bfloat16",
-                remat="full" if size in BIG else "none",
                 # 2-layer stacks: loop-free layers (same params), faster CPU steps
                 scan_unroll=0 if size == "tiny" else 1)
 
@@ -76,8 +122,8 @@ def _t5(version: str, table: dict, size: str, **model) -> Config:
         optim = OptimizerConfig("adafactor", learning_rate=1e-2, schedule="rsqrt",
                                 warmup_steps=10000)
         train = TrainConfig(steps=2 ** 19, eval_every=5000)
-    return Config(name=f"t5_{version.replace('.', '_')}_{size}", model=m, data=data, optim=optim,
-                  train=train)
+    return _on_slice(Config(name=f"t5_{version.replace('.', '_')}_{size}", model=m, data=data,
+                            optim=optim, train=train), f"t5_{version.replace('.', '_')}", size)
 
 
 def t5_1_0(size: str) -> Config:
@@ -116,7 +162,8 @@ def bert(size: str) -> Config:
         optim = OptimizerConfig("adamw", learning_rate=1e-4, schedule="linear",
                                 warmup_steps=10000, weight_decay=0.01, eps=1e-6)
         train = TrainConfig(steps=1_000_000, z_loss=0.0, eval_every=10000)
-    return Config(name=f"bert_{size}", model=m, data=data, optim=optim, train=train)
+    return _on_slice(Config(name=f"bert_{size}", model=m, data=data, optim=optim, train=train),
+                     "bert", size)
 
 
 def roberta(size: str) -> Config:
@@ -137,7 +184,8 @@ def roberta(size: str) -> Config:
     optim = base.optim if tiny else dataclasses.replace(base.optim, learning_rate=6e-4,
                                                          warmup_steps=24000, b2=0.98)
     train = base.train if tiny else dataclasses.replace(base.train, steps=500_000)
-    return Config(name=f"roberta_{size}", model=m, data=data, optim=optim, train=train)
+    return _on_slice(Config(name=f"roberta_{size}", model=m, data=data, optim=optim,
+                            train=train), "roberta", size)
 
 
 # ELECTRA (Clark et al. 2020): d_model, d_ff, heads, head_dim, layers, embedding width,
@@ -172,7 +220,8 @@ def electra(size: str) -> Config:
     train = base.train
     if not tiny:
         data.batch_size, data.feature_lengths = 128, {"inputs": 128}
-    return Config(name=f"electra_{size}", model=m, data=data, optim=optim, train=train)
+    return _on_slice(Config(name=f"electra_{size}", model=m, data=data, optim=optim,
+                            train=train), "electra", size)
 
 
 def gpt2(size: str) -> Config:
@@ -197,4 +246,5 @@ def gpt2(size: str) -> Config:
                                 warmup_steps=2000, weight_decay=0.1, b2=0.95, clip_grad_norm=1.0,
                                 min_lr_ratio=0.1)
         train = TrainConfig(steps=100_000, z_loss=0.0, eval_every=5000)
-    return Config(name=f"gpt2_{size}", model=m, data=data, optim=optim, train=train)
+    return _on_slice(Config(name=f"gpt2_{size}", model=m, data=data, optim=optim, train=train),
+                     "gpt2", size)

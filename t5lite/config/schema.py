@@ -113,6 +113,10 @@ class MeshConfig(Section):
     # multiplied once, as MaxText's dense configs do; the compiled T5 v1.1 XL step on v5p-64
     # moves fewer HBM bytes that way (bench/RESULTS.md). TPU only.
     collective_matmul: bool = False
+    # The TPU slice this config's mesh, remat and batch were chosen for (a gcloud type or JAX
+    # topology name, tpu/topology.py); `t5lite compile` compiles for it when given no
+    # --topology. Describes, never enforces: the same config runs on any devices.
+    topology: str = ""
     multihost: bool = False  # call jax.distributed.initialize()
     coordinator_address: str = ""  # "" = discover (TPU / SLURM) or env vars
     num_processes: int = setting(0, bounds=(0, None))

@@ -17,7 +17,7 @@ import re
 import time
 
 from t5lite.monitor import flops as flops_lib
-from t5lite.tpu import hlo_cost, memory
+from t5lite.tpu import advice, hlo_cost, memory
 from t5lite.tpu.topology import Topology, abstract_devices
 
 _CACHE: dict = {}  # (config JSON, topology) -> report: --search revisits configs
@@ -39,7 +39,9 @@ def compile_step(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
     hbm = hbm_bytes or topo.chip.hbm_bytes
     total = r["bytes_per_chip"]["total"]
     return dict(r, fits=r["compiled"] and total <= hbm, hbm_bytes_per_chip=hbm,
-                headroom_bytes=hbm - total)
+                headroom_bytes=hbm - total, mesh_advice=advice.mesh_advice(
+                    r["mesh"], r["bytes_per_chip"]["params"], r["bytes_per_chip"]["opt_state"],
+                    hbm))
 
 
 def trace_train_step(cfg, mesh, model, tx, differentiate_all: bool = False):

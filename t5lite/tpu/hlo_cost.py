@@ -26,8 +26,6 @@ _SHAPE_LAYOUT = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\](?:\
 _SPACE = re.compile(r"S\((\d+)\)")
 _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-# a Pallas kernel's own statement of its cost (pl.CostEstimate) in its custom call's config
-_KERNEL_COST = re.compile(r'"cost_estimate":\{"flops":"?(\d+)"?.*?"bytes_accessed":"?(\d+)"?')
 
 
 def _shape_bytes(text: str) -> int:
@@ -315,10 +313,6 @@ class _ModuleCost:
             op_flops = _conv_flops(line, self.results, ops, out_text)
         elif kind == "dot":
             op_flops = _dot_flops(line, self.results, ops, out_text)
-        kernel = _KERNEL_COST.search(line) if kind == "custom-call" else None
-        if kernel:  # XLA's cost analysis cannot see inside a kernel: count what it declares
-            op_flops = int(kernel.group(1))  # (flash attention: analytic, flash_attention.py)
-            _add(total, {"kernel_flops": op_flops, "kernel_bytes": int(kernel.group(2))})
         if op_flops:
             _add(total, {"matmul_flops": op_flops, "matmul_flops_once": op_flops})
         if kind == "while":
@@ -342,7 +336,7 @@ class _ModuleCost:
             _add(total, {f"coll:{base}:count": 1, f"coll:{base}:bytes": nbytes})
         if kind in _NO_TRAFFIC or kind.endswith("-done"):
             return
-        nbytes = int(kernel.group(2)) if kernel else self._traffic(kind, called, ops, out_text)
+        nbytes = self._traffic(kind, called, ops, out_text)
         _add(total, {"bytes": nbytes, "bytes_once": nbytes})
         if self.chip is not None and base not in _COLLECTIVES and kind != "copy-start":
             t_flops, t_hbm = op_flops / self.chip.peak_flops, nbytes / self.chip.hbm_bw
@@ -403,10 +397,7 @@ def hlo_costs(hlo_text: str, chip=None) -> dict:
       (an all-gather's gathered result, a reduce-scatter's full operand); an all-reduce counts
       twice (reduce-scatter + all-gather);
     - ``matmul_flops_once`` / ``bytes_once``: the same with every loop body counted once (what
-      cost_analysis sees);
-    - ``kernel_flops`` / ``kernel_bytes``: the part of ``matmul_flops`` / ``bytes`` that Pallas
-      kernels declare for themselves (their custom calls' cost estimates, e.g. flash
-      attention's analytic count), included above."""
+      cost_analysis sees)."""
     comps, entry, results = _parse_hlo(hlo_text)
     c = _ModuleCost(comps, results, chip).cost(entry, False)
     coll = {}
@@ -417,8 +408,7 @@ def hlo_costs(hlo_text: str, chip=None) -> dict:
     return {"matmul_flops": c.get("matmul_flops", 0), "bytes": c.get("bytes", 0),
             "matmul_flops_once": c.get("matmul_flops_once", 0),
             "bytes_once": c.get("bytes_once", 0), "op_seconds": c.get("op_seconds", 0.0),
-            "op_seconds_hbm_bound": c.get("op_seconds_hbm_bound", 0.0), "collectives": coll,
-            "kernel_flops": c.get("kernel_flops", 0), "kernel_bytes": c.get("kernel_bytes", 0)}
+            "op_seconds_hbm_bound": c.get("op_seconds_hbm_bound", 0.0), "collectives": coll}
 
 
 def hlo_collectives(hlo_text: str) -> dict:

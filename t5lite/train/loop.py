@@ -20,6 +20,7 @@ from t5lite import peft
 from t5lite.monitor import flops as flops_lib, goodput, profiler, progress, writers
 from t5lite.store import checkpointing
 from t5lite.store import workdir as workdir_lib
+from t5lite.tpu import advice
 from t5lite.train import data, partitioning
 from t5lite.train.state import create_train_state, init_params
 from t5lite.train.step import make_eval_step, make_train_step, step_flops
@@ -140,6 +141,8 @@ def _throughput(run: TrainRun, start: int) -> Throughput:
                        "(set train.peak_flops)"))
     if warning := writers.warmup_warning(cfg.optim, cfg.train.steps, start):
         run.logger.info(warning)
+    if line := advice.train_state_advice(dict(mesh.shape), run.abstract):
+        run.logger.info(line)
     return Throughput(start, flops, peak, mesh.size)
 
 
