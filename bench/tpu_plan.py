@@ -24,37 +24,30 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-# preset -> (topology, --set overrides). fsdp over the whole slice (parameters and optimizer
-# state sharded along embed, batch split over all chips); the big presets remat (presets.BIG).
-ROWS = {
-    "t5_1_0_small": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "t5_1_0_base": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "t5_1_0_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "t5_1_0_3b": ("v5p-32", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "t5_1_0_11b": ("v5p-128", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "t5_1_1_small": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "t5_1_1_base": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "t5_1_1_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "t5_1_1_xl": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256"]),
-    "t5_1_1_xxl": ("v5p-256", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256"]),
-    # XL fits v5p-64 without remat (95 GiB chips): no recompute
-    "t5_1_1_xl@remat_none": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "data.batch_size=256",
-                                        "model.remat=none"]),
+# row -> (topology, --set overrides). A preset's own row is the preset as shipped on the slice
+# it states (mesh.topology; "" here): its mesh, remat and batch are what `t5lite compile
+# --search` ranked fastest there (bench/RESULTS.md, issue 34), so its command has no flags.
+# "@" rows are variants of a preset.
+PRESETS = ("t5_1_0_small", "t5_1_0_base", "t5_1_0_large", "t5_1_0_3b", "t5_1_0_11b",
+           "t5_1_1_small", "t5_1_1_base", "t5_1_1_large", "t5_1_1_xl", "t5_1_1_xxl",
+           "bert_base", "bert_large", "roberta_base", "electra_small", "gpt2_small",
+           "gpt2_medium", "gpt2_large")
+ROWS = {name: ("", []) for name in PRESETS}
+ROWS.update({
+    # XL with full remat: a third less activation memory, a fifth more FLOPs
+    "t5_1_1_xl@remat_full": ("", ["model.remat=full"]),
+    # what the XL preset shipped before it stated a slice: data-parallel (parameters and
+    # optimizer state copied on every chip), full remat, batch 128
+    "t5_1_1_xl@data_parallel": ("v5p-64", ["mesh.data=-1", "mesh.fsdp=1", "model.remat=full",
+                                           "data.batch_size=128"]),
     # XXL with 4-way tensor parallelism (heads, MLP) under fsdp=32, as t5x trains XXL with
     # model parallelism: a quarter of each layer's weights gathered per chip
     "t5_1_1_xxl@tensor4": ("v5p-256", ["mesh.data=1", "mesh.fsdp=32", "mesh.tensor=4",
-                                       "data.batch_size=256"]),
+                                       "data.batch_size=256", "model.remat=full"]),
     # the setting of ../shared/TPU_ANCHOR.md (t5x vs t5lite): 8 chips, fsdp=8, layers unrolled
     "t5_1_1_base@anchor": ("v5p:2x2x2", ["mesh.data=1", "mesh.fsdp=-1",
                                          "model.scan_layers=false"]),
-    "bert_base": ("v5p-8", ["mesh.data=1", "mesh.fsdp=-1"]),
-    "bert_large": ("v5p-16", ["mesh.data=1", "mesh.fsdp=-1"]),
-    # GPT-2's 512 x 1024 batch and 50257-way logits: no remat does not fit v5p-8 / v5p-16
-    # (XLA asks for 253-590 GiB a chip); full remat on 16-32 chips does
-    "gpt2_small": ("v5p-32", ["mesh.data=1", "mesh.fsdp=-1", "model.remat=full"]),
-    "gpt2_medium": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "model.remat=full"]),
-    "gpt2_large": ("v5p-64", ["mesh.data=1", "mesh.fsdp=-1", "model.remat=full"]),
-}
+})
 GiB = 1024 ** 3
 
 
@@ -67,29 +60,85 @@ def analytic_min(cfg, r) -> float:
     return memory.analytic_bytes(cfg, r["mesh"], b["params"], b["opt_state"])["total"]
 
 
+def _setting(name: str, sets: list, topology: str = "", report=None) -> tuple:
+    """(config name, slice, the resolved config as JSON) of a row: what makes two rows the
+    same compile (the slice a config states is no part of the program). ``report``: a
+    measured row, whose own remat, batch, micro-batches and mesh count (the preset's values
+    may have changed since it was compiled)."""
+    from t5lite import config
+    from t5lite.tpu import topology as tpu_topology
+    from t5lite.train import partitioning
+    preset = name.split("@")[0]
+    cfg = config.load_config(preset, sets)
+    topology = topology or cfg.mesh.topology
+    if report is None:
+        fixed = []
+        mesh = dict(zip(partitioning.MESH_AXES, partitioning.mesh_shape(
+            cfg.mesh, tpu_topology.parse_topology(topology).chips)))
+    else:
+        fixed = [f"model.remat={report['remat']}", f"data.batch_size={report['batch_size']}",
+                 f"train.grad_accum_steps={report['grad_accum_steps']}"]
+        mesh = report["mesh"]
+    cfg = config.load_config(preset, sets + fixed + [f"mesh.{k}={v}" for k, v in mesh.items()])
+    d = config.to_dict(cfg)
+    d["mesh"].pop("topology", None)
+    return preset, topology, json.dumps(d, sort_keys=True, default=str)
+
+
+def command(name: str) -> str:
+    topology, sets = ROWS[name]
+    return " ".join([f"t5lite compile --config {name.split('@')[0]}"]
+                    + ([f"--topology {topology}"] if topology else [])
+                    + [f"--set {s}" for s in sets])
+
+
 def run_row(name: str) -> dict:
     from t5lite import config
     from t5lite.tpu import compile as tpu_compile, topology as tpu_topology
     topology, sets = ROWS[name]
     cfg = config.load_config(name.split("@")[0], sets)
     t0 = time.time()
-    r = tpu_compile.compile_step(cfg, tpu_topology.parse_topology(topology))
+    r = tpu_compile.compile_step(cfg, tpu_topology.parse_topology(topology
+                                                                  or cfg.mesh.topology))
     r["wall_seconds"] = time.time() - t0
     r["set"] = sets
     r["row"] = name
     r["analytic_min_bytes"] = analytic_min(cfg, r)
-    r["command"] = (f"t5lite compile --config {name.split('@')[0]} --topology {topology} "
-                    + " ".join(f"--set {s}" for s in sets))
+    r["command"] = command(name)
     return r
 
 
-def render(jsonl: str, out: str) -> None:
+def measured(jsonl: str) -> dict:
+    """The newest report of every setting in the JSONL file, by _setting: a row reuses a
+    compile of the same program written under another name or with other (equivalent) flags."""
     done = {}
     if os.path.exists(jsonl):
         for line in open(jsonl):
             r = json.loads(line)
             if "xla_temp" in r["bytes_per_chip"]:  # compiled since the total became the peak
-                done[r.get("row", r["config"])] = r
+                name = r.get("row", r["config"])
+                done[_setting(name, r["set"], r["topology"], r)] = r
+    return done
+
+
+def _figures(r: dict) -> str:
+    """The bound and expected cells of a row (a report from before the expected step has
+    the bound as est_*)."""
+    bound = r.get("roofline_step_seconds", r.get("est_step_seconds"))
+    mfu = r.get("roofline_mfu", r.get("est_mfu"))
+    cells = f"{bound * 1e3:.0f} ms ({r['bound']}) / {mfu:.0%} | "
+    if r.get("expected_step_seconds") is None:
+        return cells + "-"
+    return cells + f"{r['expected_step_seconds'] * 1e3:.0f} ms / {r['expected_mfu']:.0%}"
+
+
+def render(jsonl: str, out: str) -> None:
+    by_setting = measured(jsonl)
+    done = {}
+    for name, (topology, sets) in ROWS.items():
+        r = by_setting.get(_setting(name, sets, topology))
+        if r is not None:
+            done[name] = r
     g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
     lines = [
         "# TPU plan: every preset compiled for a TPU slice on a CPU host",
@@ -111,8 +160,8 @@ def render(jsonl: str, out: str) -> None:
     for name, (topology, sets) in ROWS.items():
         r = done.get(name)
         if r is None:
-            lines.append(f"| {name} | {topology} | fsdp | | | not measured: not compiled in "
-                         "this session (see below) | | | | | | | |")
+            lines.append(f"| {name} | {_setting(name, sets, topology)[1]} | | | | not measured: "
+                         "not compiled in this session (see below) | | | | | | | |")
             continue
         b = r["bytes_per_chip"]
         mesh = "x".join(f"{k[0]}{v}" for k, v in r["mesh"].items())
@@ -137,7 +186,7 @@ def render(jsonl: str, out: str) -> None:
     lines += ["", "Commands (each row is `t5lite compile` with these flags):", ""]
     for name in ROWS:
         if name in done:
-            lines.append(f"    {done[name]['command']}")
+            lines.append(f"    {command(name)}")
     lines += ["", "Raw reports: `bench/tpu_plan.jsonl` (one JSON object per row, as "
               "`t5lite compile --json` prints).", "",
               "Rows marked *not measured* were not compiled: on the shared 2-core host one "
