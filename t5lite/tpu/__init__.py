@@ -16,6 +16,9 @@ Public entry points:
 - `hlo_cost.hlo_costs(hlo_text, chip)`, `hlo_cost.roofline_seconds(hlo, chip)`: costs of a
   compiled HLO module; `memory.memory_bytes(mem)` / `memory.analytic_bytes(...)`: per-chip
   memory of a compiled program and the shapes' floor;
+- `advice.mesh_advice(mesh, params_per_chip, opt_per_chip, hbm_bytes=0)`: the one line
+  `t5lite compile` and `t5lite train` print when a mesh copies multi-GB training state on
+  every chip of the data axis (no jax at import; the trainer calls it);
 - `compiler_options.compiler_options(cfg)`: XLA options of a program compiled for TPU
   (train.partitioning.compiler_options asks here).
 """
