@@ -57,6 +57,9 @@ def check_mixing(m) -> None:
     if mixer.endswith("_conv") and m.conv_heads and m.d_model % m.conv_heads:
         raise UserError(f"model.conv_heads={m.conv_heads} must divide d_model={m.d_model} "
                         "(each kernel covers d_model / conv_heads channels); 0 = per channel.")
+    if (mixer != "multihead" or m.block_type != "transformer") and m.attention_kernel != "xla":
+        raise UserError(f"attention_type={mixer} / block_type={m.block_type} read the masks as "
+                        "arrays: use model.attention_kernel=xla.")
     if m.block_type == "evolved" and m.d_model % 2:
         raise UserError(f"block_type=evolved halves d_model in its branches: use an even "
                         f"d_model, got {m.d_model}.")
