@@ -101,17 +101,19 @@ def _blocks(kb: KernelBias, t: int, s: int) -> tuple:
 
 
 def _spec_and_table(kb: KernelBias, num_heads: int, bq: int, bk: int):
-    """The kernel's static spec and its SMEM table (flattened [H * N] table, [H] slopes, or
-    a placeholder)."""
+    """The kernel's static spec and its SMEM operands: the table (flattened [H * N] table,
+    [H] slopes, or a placeholder) and the bucket runs (flash_bias.runs_array)."""
     base = dict(kind=kb.kind, causal=kb.causal, block_q=bq, block_k=bk)
     if kb.kind == "relative":
         n = kb.table_HN.shape[1]
-        spec = K.KernelSpec(runs=flash_bias.bucket_runs(n, kb.max_distance, kb.bidirectional),
-                            num_buckets=n, **base)
-        return spec, kb.table_HN.astype(jnp.float32).reshape(-1)
+        runs = flash_bias.bucket_runs(n, kb.max_distance, kb.bidirectional)
+        spec = K.KernelSpec(num_runs=len(runs), num_buckets=n, **base)
+        return (spec, kb.table_HN.astype(jnp.float32).reshape(-1),
+                jnp.asarray(flash_bias.runs_array(runs)))
+    none = jnp.zeros((1,), jnp.int32)
     if kb.kind == "alibi":
-        return K.KernelSpec(**base), jnp.asarray(flash_bias.alibi_slopes(num_heads))
-    return K.KernelSpec(**base), jnp.zeros((1,), jnp.float32)
+        return K.KernelSpec(**base), jnp.asarray(flash_bias.alibi_slopes(num_heads)), none
+    return K.KernelSpec(**base), jnp.zeros((1,), jnp.float32), none
 
 
 def attend(q_BTHK, k_BSHK, v_BSHK, kb: KernelBias):
@@ -119,28 +121,28 @@ def attend(q_BTHK, k_BSHK, v_BSHK, kb: KernelBias):
     b, t, h, d = q_BTHK.shape
     s = k_BSHK.shape[1]
     bq, bk = _blocks(kb, t, s)
-    spec, table = _spec_and_table(kb, h, bq, bk)
+    spec, table, runs = _spec_and_table(kb, h, bq, bk)
     t_pad, s_pad = _round_up(t, bq), _round_up(s, bk)
 
-    def local(table, q, k, v, q_seg, kv_seg):
+    def local(table, runs, q, k, v, q_seg, kv_seg):
         q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # [B, H, L, K]
         q = jnp.pad(q, ((0, 0), (0, 0), (0, t_pad - t), (0, 0)))
         k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, s_pad - s), (0, 0))) for x in (k, v))
         q_seg = jnp.pad(q_seg, ((0, 0), (0, t_pad - t)))
         kv_seg = jnp.pad(kv_seg, ((0, 0), (0, s_pad - s)))
-        out = _attend(spec, table, q, k.astype(q.dtype), v.astype(q.dtype),
+        out = _attend(spec, table, runs, q, k.astype(q.dtype), v.astype(q.dtype),
                       jnp.broadcast_to(q_seg[:, :, None], q_seg.shape + (K.LANES,)),
                       jnp.broadcast_to(kv_seg[:, None, :], (kv_seg.shape[0], K.SUBLANES,
                                                             s_pad)))
         return jnp.swapaxes(out[:, :, :t], 1, 2).astype(v_BSHK.dtype)
 
-    args = (table, q_BTHK, k_BSHK, v_BSHK, kb.q_segments_BT, kb.kv_segments_BS)
+    args = (table, runs, q_BTHK, k_BSHK, v_BSHK, kb.q_segments_BT, kb.kv_segments_BS)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return local(*args)
     batch, heads = nn.logical_to_mesh_axes(("batch", "heads"))
     x_spec, seg_spec = P(batch, None, heads, None), P(batch, None)
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), x_spec, x_spec, x_spec, seg_spec,
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), x_spec, x_spec, x_spec, seg_spec,
                                                      seg_spec), out_specs=x_spec)(*args)
 
 
@@ -148,27 +150,27 @@ def attend(q_BTHK, k_BSHK, v_BSHK, kb: KernelBias):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(spec, table, q, k, v, q_seg, kv_seg):
-    return K.forward(spec, table, q, k, v, q_seg, kv_seg, forward_cost(spec, q, k))[0]
+def _attend(spec, table, runs, q, k, v, q_seg, kv_seg):
+    return K.forward(spec, table, runs, q, k, v, q_seg, kv_seg, forward_cost(spec, q, k))[0]
 
 
-def _attend_fwd(spec, table, q, k, v, q_seg, kv_seg):
-    out, lse = K.forward(spec, table, q, k, v, q_seg, kv_seg, forward_cost(spec, q, k))
-    return out, (table, q, k, v, q_seg, kv_seg, out, lse[..., 0])
+def _attend_fwd(spec, table, runs, q, k, v, q_seg, kv_seg):
+    out, lse = K.forward(spec, table, runs, q, k, v, q_seg, kv_seg, forward_cost(spec, q, k))
+    return out, (table, runs, q, k, v, q_seg, kv_seg, out, lse[..., 0])
 
 
 def _attend_bwd(spec, residuals, do):
-    table, q, k, v, q_seg, kv_seg, out, lse = residuals
+    table, runs, q, k, v, q_seg, kv_seg, out, lse = residuals
     do = do.astype(q.dtype)
     di = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     lse, di = (jnp.broadcast_to(x[..., None], x.shape + (K.LANES,)) for x in (lse, di))
-    operands = (table, q, k, v, do, lse, di, q_seg, kv_seg)
+    operands = (table, runs, q, k, v, do, lse, di, q_seg, kv_seg)
     dk, dv, *dtab = K.backward_dkv(spec, *operands, cost=backward_cost(spec, q, k, "dkv"))
     dq = K.backward_dq(spec, *operands, cost=backward_cost(spec, q, k, "dq"))
     dtable = jnp.zeros_like(table)
     if dtab:  # [B, H, N_pad, 128] lane-replicated rows -> [H * N]
         dtable = jnp.sum(dtab[0][:, :, :spec.num_buckets, 0], axis=0).reshape(-1)
-    return dtable, dq, dk, dv, None, None
+    return dtable, None, dq, dk, dv, None, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)

@@ -18,7 +18,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
 
 from t5lite.models.positions import RelativePositionBias, alibi_bias
 
@@ -62,58 +61,59 @@ def tile_range(q0, k0, shape):
     return k0 - (q0 + bq - 1), k0 + bk - 1 - q0
 
 
-def bias_tile(table_ref, head, q0, k0, shape, kind: str, runs: tuple, num_buckets: int):
+def runs_array(runs: tuple) -> np.ndarray:
+    """The runs as the kernel reads them from SMEM: int32 [first rels..., buckets...]."""
+    return np.asarray([r for r, _ in runs] + [b for _, b in runs], np.int32)
+
+
+def _run_index(runs_ref, num_runs: int, rel):
+    """Index of the run holding distance ``rel`` (a scalar loop over the run starts)."""
+    return jax.lax.fori_loop(1, num_runs, lambda n, c: c + (runs_ref[n] <= rel).astype(
+        jnp.int32), jnp.int32(0))
+
+
+def bias_tile(table_ref, runs_ref, head, q0, k0, shape, kind: str, num_runs: int,
+              num_buckets: int):
     """The float32 [bq, bk] position bias of one tile (None for kind "none"). ``table_ref``:
-    the flattened [H * N] table (relative) or [H] slopes (alibi) in SMEM."""
+    the flattened [H * N] table (relative) or [H] slopes (alibi), ``runs_ref`` runs_array,
+    both in SMEM. Only the runs that start inside the tile's distances cost a select: a tile
+    beyond +-max_distance is one fill."""
     if kind == "none":
         return None
+    rel = relative_distance(q0, k0, shape)
     if kind == "alibi":
-        rel = relative_distance(q0, k0, shape)
         return -table_ref[head] * jnp.abs(rel).astype(jnp.float32)
     base = head * num_buckets
-    first, last = table_ref[base + runs[0][1]], table_ref[base + runs[-1][1]]
     lo, hi = tile_range(q0, k0, shape)
+    first, last = _run_index(runs_ref, num_runs, lo), _run_index(runs_ref, num_runs, hi)
 
-    def steps():
-        rel = relative_distance(q0, k0, shape)
-        out = jnp.full(shape, first, jnp.float32)
-        for start, bucket in runs[1:]:
-            out = jnp.where(rel >= start, table_ref[base + bucket], out)
-        return out
+    def step(n, out):
+        return jnp.where(rel >= runs_ref[n], table_ref[base + runs_ref[num_runs + n]], out)
 
-    def constant(value):
-        return lambda: jnp.full(shape, value, jnp.float32)
-
-    return jax.lax.cond(hi < runs[1][0], constant(first),
-                        lambda: jax.lax.cond(lo >= runs[-1][0], constant(last), steps))
+    start = jnp.full(shape, table_ref[base + runs_ref[num_runs + first]], jnp.float32)
+    return jax.lax.fori_loop(first + 1, last + 1, step, start)
 
 
-def accumulate_table_grad(dtab_ref, ds, q0, k0, runs: tuple):
+def accumulate_table_grad(dtab_ref, runs_ref, ds, q0, k0, num_runs: int):
     """dtab_ref[bucket] (rows of a [N_pad, 128] lane-replicated block) += the sum of the
-    logits gradient ``ds`` [bq, bk] over the tile's entries in that bucket."""
+    logits gradient ``ds`` [bq, bk] over the tile's entries in that bucket: from the sums
+    over rel >= each run start inside the tile, differenced."""
     lo, hi = tile_range(q0, k0, ds.shape)
-
-    def add(bucket, value_11):
-        row = pl.ds(bucket, 1)
-        dtab_ref[row, :] += jnp.broadcast_to(value_11, (1, dtab_ref.shape[1]))
+    first, last = _run_index(runs_ref, num_runs, lo), _run_index(runs_ref, num_runs, hi)
+    rel = relative_distance(q0, k0, ds.shape)
+    rows = jax.lax.broadcasted_iota(jnp.int32, dtab_ref.shape, 0)
 
     def total(x):
         return jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
 
-    @pl.when(hi < runs[1][0])
-    def _():
-        add(runs[0][1], total(ds))
+    def add(acc, run, value_11):
+        return acc + jnp.where(rows == runs_ref[num_runs + run], value_11, 0.0)
 
-    @pl.when(lo >= runs[-1][0])
-    def _():
-        add(runs[-1][1], total(ds))
+    def step(n, carry):  # carry: (sum over rel >= start of run n - 1, accumulator)
+        above, acc = carry
+        here = total(jnp.where(rel >= runs_ref[n], ds, 0.0))
+        return here, add(acc, n - 1, above - here)
 
-    @pl.when((hi >= runs[1][0]) & (lo < runs[-1][0]))
-    def _():
-        rel = relative_distance(q0, k0, ds.shape)
-        above = total(ds)  # sum over rel >= start of the current run
-        for n, (_, bucket) in enumerate(runs):
-            nxt = (total(jnp.where(rel >= runs[n + 1][0], ds, 0.0)) if n + 1 < len(runs)
-                   else jnp.zeros_like(above))
-            add(bucket, above - nxt)
-            above = nxt
+    above, acc = jax.lax.fori_loop(first + 1, last + 1, step,
+                                   (total(ds), jnp.zeros(dtab_ref.shape, jnp.float32)))
+    dtab_ref[...] += add(acc, last, above)

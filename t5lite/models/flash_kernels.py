@@ -36,7 +36,7 @@ class KernelSpec:
 
     kind: str = "none"  # position bias: none | relative | alibi
     causal: bool = False
-    runs: tuple = ()  # relative: flash_bias.bucket_runs
+    num_runs: int = 0  # relative: len(flash_bias.bucket_runs(...))
     num_buckets: int = 0
     block_q: int = 512
     block_k: int = 512
@@ -55,12 +55,12 @@ def _runs(spec: KernelSpec, q0, k0):
     return k0 <= q0 + spec.block_q - 1 if spec.causal else True
 
 
-def _logits(spec, table_ref, head, q, k, qseg_ref, kseg_ref, q0, k0):
+def _logits(spec, table_ref, runs_ref, head, q, k, qseg_ref, kseg_ref, q0, k0):
     """s = q k^T + position bias, masked with NEG_INF: float32 [bq, bk]."""
     bq, bk = spec.block_q, spec.block_k
     s = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
-    bias = flash_bias.bias_tile(table_ref, head, q0, k0, (bq, bk), spec.kind,
-                                spec.runs, spec.num_buckets)
+    bias = flash_bias.bias_tile(table_ref, runs_ref, head, q0, k0, (bq, bk), spec.kind,
+                                spec.num_runs, spec.num_buckets)
     if bias is not None:
         s = s + bias
     q_seg = _lanes(qseg_ref[...], bk)
@@ -71,8 +71,8 @@ def _logits(spec, table_ref, head, q, k, qseg_ref, kseg_ref, q0, k0):
     return s + jnp.where(allowed, 0.0, NEG_INF)
 
 
-def _fwd_kernel(table_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_ref,
-                m_sc, l_sc, acc_sc, *, spec: KernelSpec):
+def _fwd_kernel(table_ref, runs_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref,
+                lse_ref, m_sc, l_sc, acc_sc, *, spec: KernelSpec):
     i, j = pl.program_id(2), pl.program_id(3)
     q0, k0, head = i * spec.block_q, j * spec.block_k, pl.program_id(1)
 
@@ -84,7 +84,8 @@ def _fwd_kernel(table_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_r
 
     @pl.when(_runs(spec, q0, k0))
     def _():
-        s = _logits(spec, table_ref, head, q_ref[...], k_ref[...], qseg_ref, kseg_ref, q0, k0)
+        s = _logits(spec, table_ref, runs_ref, head, q_ref[...], k_ref[...], qseg_ref,
+                    kseg_ref, q0, k0)
         m_prev = m_sc[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         p = jnp.exp(s - _lanes(m_next, spec.block_k))
@@ -102,8 +103,8 @@ def _fwd_kernel(table_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_r
         lse_ref[...] = m_sc[...] + jnp.log(l)
 
 
-def _dkv_kernel(table_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, qseg_ref, kseg_ref,
-                dk_ref, dv_ref, *rest, spec: KernelSpec):
+def _dkv_kernel(table_ref, runs_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, qseg_ref,
+                kseg_ref, dk_ref, dv_ref, *rest, spec: KernelSpec):
     dtab_ref, dk_sc, dv_sc = rest if spec.kind == "relative" else (None, *rest)
     j, i = pl.program_id(2), pl.program_id(3)
     q0, k0, head = i * spec.block_q, j * spec.block_k, pl.program_id(1)
@@ -121,7 +122,7 @@ def _dkv_kernel(table_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, qseg_re
     @pl.when(_runs(spec, q0, k0))
     def _():
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s = _logits(spec, table_ref, head, q, k, qseg_ref, kseg_ref, q0, k0)
+        s = _logits(spec, table_ref, runs_ref, head, q, k, qseg_ref, kseg_ref, q0, k0)
         p = jnp.exp(s - _lanes(lse_ref[...], spec.block_k))
         dv_sc[...] += jax.lax.dot_general(p.astype(do.dtype), do, _TN,
                                           preferred_element_type=jnp.float32)
@@ -130,7 +131,7 @@ def _dkv_kernel(table_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, qseg_re
         dk_sc[...] += jax.lax.dot_general(ds.astype(q.dtype), q, _TN,
                                           preferred_element_type=jnp.float32)
         if dtab_ref is not None:
-            flash_bias.accumulate_table_grad(dtab_ref, ds, q0, k0, spec.runs)
+            flash_bias.accumulate_table_grad(dtab_ref, runs_ref, ds, q0, k0, spec.num_runs)
 
     @pl.when(i == pl.num_programs(3) - 1)
     def _():
@@ -138,8 +139,8 @@ def _dkv_kernel(table_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, qseg_re
         dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
 
 
-def _dq_kernel(table_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, qseg_ref, kseg_ref,
-               dq_ref, dq_sc, *, spec: KernelSpec):
+def _dq_kernel(table_ref, runs_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, qseg_ref,
+               kseg_ref, dq_ref, dq_sc, *, spec: KernelSpec):
     i, j = pl.program_id(2), pl.program_id(3)
     q0, k0, head = i * spec.block_q, j * spec.block_k, pl.program_id(1)
 
@@ -150,7 +151,7 @@ def _dq_kernel(table_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, qseg_ref
     @pl.when(_runs(spec, q0, k0))
     def _():
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s = _logits(spec, table_ref, head, q, k, qseg_ref, kseg_ref, q0, k0)
+        s = _logits(spec, table_ref, runs_ref, head, q, k, qseg_ref, kseg_ref, q0, k0)
         p = jnp.exp(s - _lanes(lse_ref[...], spec.block_k))
         dp = jax.lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
         ds = p * (dp - _lanes(di_ref[...], spec.block_k))
@@ -215,7 +216,7 @@ def _call(kernel, spec, grid, in_specs, out_specs, out_shape, scratch, semantics
         return pl.pallas_call(
             kernel, out_shape=out_shape, interpret=interpret, cost_estimate=cost,
             grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                num_scalar_prefetch=2, grid=grid, in_specs=in_specs, out_specs=out_specs,
                 scratch_shapes=scratch),
             compiler_params=pltpu.CompilerParams(dimension_semantics=semantics))
 
@@ -224,7 +225,7 @@ def _call(kernel, spec, grid, in_specs, out_specs, out_shape, scratch, semantics
     return lambda *args: jax.lax.platform_dependent(*args, tpu=call(False), default=call(True))
 
 
-def forward(spec: KernelSpec, table, q, k, v, qseg, kseg, cost=None):
+def forward(spec: KernelSpec, table, runs, q, k, v, qseg, kseg, cost=None):
     """-> (out [B, H, T, K] in q's dtype, logsumexp [B, H, T, 128] float32)."""
     b, h, t, d = q.shape
     grid = (b, h, t // spec.block_q, k.shape[2] // spec.block_k)
@@ -237,10 +238,10 @@ def forward(spec: KernelSpec, table, q, k, v, qseg, kseg, cost=None):
     return _call(functools.partial(_fwd_kernel, spec=spec), spec, grid,
                  [q_side, k_side, k_side, qs, ks], [q_side, stat], out_shape, scratch,
                  ("parallel", "parallel", "parallel", "arbitrary"), cost)(
-                     table, q, k, v, qseg, kseg)
+                     table, runs, q, k, v, qseg, kseg)
 
 
-def backward_dkv(spec: KernelSpec, table, q, k, v, do, lse, di, qseg, kseg, cost=None):
+def backward_dkv(spec: KernelSpec, table, runs, q, k, v, do, lse, di, qseg, kseg, cost=None):
     """-> (dk, dv [B, H, S, K], and for a relative bias its table's gradient as
     [B, H, N_pad, 128] lane-replicated rows)."""
     b, h, t, d = q.shape
@@ -258,10 +259,10 @@ def backward_dkv(spec: KernelSpec, table, q, k, v, do, lse, di, qseg, kseg, cost
     scratch = [pltpu.VMEM((spec.block_k, d), jnp.float32)] * 2
     return _call(functools.partial(_dkv_kernel, spec=spec), spec, grid,
                  [q_side, k_side, k_side, q_side, stat, stat, qs, ks], out_specs, out_shape,
-                 scratch, semantics, cost)(table, q, k, v, do, lse, di, qseg, kseg)
+                 scratch, semantics, cost)(table, runs, q, k, v, do, lse, di, qseg, kseg)
 
 
-def backward_dq(spec: KernelSpec, table, q, k, v, do, lse, di, qseg, kseg, cost=None):
+def backward_dq(spec: KernelSpec, table, runs, q, k, v, do, lse, di, qseg, kseg, cost=None):
     """-> dq [B, H, T, K]."""
     b, h, t, d = q.shape
     grid = (b, h, t // spec.block_q, k.shape[2] // spec.block_k)
@@ -271,4 +272,4 @@ def backward_dq(spec: KernelSpec, table, q, k, v, do, lse, di, qseg, kseg, cost=
                  jax.ShapeDtypeStruct(q.shape, q.dtype),
                  [pltpu.VMEM((spec.block_q, d), jnp.float32)],
                  ("parallel", "parallel", "parallel", "arbitrary"), cost)(
-                     table, q, k, v, do, lse, di, qseg, kseg)
+                     table, runs, q, k, v, do, lse, di, qseg, kseg)
