@@ -20,6 +20,7 @@ from t5lite.errors import UserError
 from t5lite.models.architectures import ARCHITECTURES
 from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
 from t5lite.models.electra import Electra
+from t5lite.models import sharing
 from t5lite.models.transformer import CORE_MODULES, StackModules
 from t5lite.text_table import format_table
 
@@ -170,7 +171,8 @@ def layerwise_counts(cfg) -> tuple[int, int]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(abstract_params(one)))[0]:
         keys = [str(getattr(k, "key", k)) for k in path]
         n = math.prod(leaf.shape)
-        if len(keys) > 1 and keys[1] == "layers_0":
+        if len(keys) > 1 and keys[1] == "layers_0" and not (
+                keys[0] in ("encoder", "decoder") and sharing.shares_block(cfg, keys[0])):
             n *= depth[keys[0]]
         total += n
         body += 0 if keys[0].startswith(HEAD_PREFIXES + ELECTRA_HEADS) else n
@@ -193,11 +195,9 @@ def param_count_table(names=None) -> str:
 
     if not names:
         names = sorted(n for n in config_lib.available_configs() if "/" not in n)
-    rows = [("config", "architecture", "d_model", "layers", "params", "w/o heads", "published",
-             "TPU slice")]
+    rows = [("config", "architecture", "d_model", "layers", "params", "w/o heads", "published")]
     for name in names:
-        full = config_lib.load_config(name)
-        cfg = full.model
+        cfg = config_lib.load_config(name).model
         total, body = layerwise_counts(cfg)
         n_layers = {"encoder_decoder": f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers}",
                     "encoder_only": str(cfg.num_encoder_layers)}.get(
@@ -205,12 +205,11 @@ def param_count_table(names=None) -> str:
         pub = PUBLISHED.get(name)
         pub_s = f"{pub / 1e6:.1f}M ({100 * (body - pub) / pub:+.2f}%)" if pub else ""
         rows.append((name, cfg.architecture, str(cfg.d_model), n_layers, _human(total),
-                     _human(body), pub_s, full.mesh.topology))
+                     _human(body), pub_s))
     return format_table(rows) + (
         "\nparams: every trainable parameter. w/o heads: without task heads (BERT MLM "
         "transform + output bias, NSP, classifier), i.e. BertModel with pooler; "
-        "T5 and GPT-2 count their (tied or untied) LM head. TPU slice: the one the config's "
-        "mesh, remat and batch are chosen for (mesh.topology; `t5lite compile` defaults to it).")
+        "T5 and GPT-2 count their (tied or untied) LM head.")
 
 
 def _human(n: int) -> str:

@@ -76,14 +76,14 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import layers as L
+from t5lite.models.embeddings import FactorizedEmbed
 from t5lite.models.sbo import SpanBoundaryHead
 from t5lite.models.transformer import CORE_MODULES, Stack, StackModules
-from t5lite.models.vocab_layers import make_vocab_layer, vocab_layer_kind
 
 
 def token_embedder(cfg):
-    if vocab_layer_kind(cfg):  # adaptive input / adaptive softmax / mixture of softmaxes
-        return make_vocab_layer(cfg)
+    if cfg.factorized_embed_dim:  # ALBERT's [V, E] x [E, D]
+        return FactorizedEmbed(cfg)
     return L.make_embed(cfg, cfg.vocab_size, cfg.embed_dim or cfg.d_model, ("vocab", "embed"))
 
 
@@ -102,7 +102,11 @@ class EncoderDecoder(nn.Module):
         self.token_embedder = token_embedder(self.cfg)
         self.decoder = Stack(self.cfg, "decoder", self.token_embedder, cross=True,
                              modules=self.modules)
-        self.encoder = Stack(self.cfg, "encoder", self.token_embedder,
+        # model.tie_encoder_decoder_embeddings=False: the encoder reads its own embedding
+        self.encoder_token_embedder = (None if self.cfg.tie_encoder_decoder_embeddings
+                                       else token_embedder(self.cfg))
+        self.encoder = Stack(self.cfg, "encoder",
+                             self.encoder_token_embedder or self.token_embedder,
                              shared=self.decoder if self.cfg.shared_encoder_decoder else None,
                              modules=self.modules)
 

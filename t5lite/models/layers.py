@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from t5lite.models import fixup
 from t5lite.models.gradient_rules import dot, recompute_in_backward
 from t5lite.models.positions import apply_rope
 
@@ -136,6 +137,8 @@ class Norm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        if self.kind == "none":  # model.norm="none" (ReZero, Fixup): no norm, no params
+            return x.astype(self.dtype)
         d = x.shape[-1]
         scale = self.param("scale", nn.with_logical_partitioning(
             nn.initializers.ones, ("embed",)), (d,), jnp.float32)
@@ -235,7 +238,7 @@ class MultiHeadAttention(nn.Module):
 
     def dense_layer(self, name: str, **fields) -> DenseGeneral:
         """The projection ``name`` (query, key, value, out) with these DenseGeneral fields."""
-        return DenseGeneral(name=name, **fields)
+        return DenseGeneral(name=name, **fixup.dense_fields(self.cfg, name, fields))
 
     def adapt_kv(self, k_BSHK, v_BSHK):
         """Keys / values right after their projections."""
@@ -272,14 +275,10 @@ class MultiHeadAttention(nn.Module):
         q_BTHK, k_BSHK, v_BSHK = (constrain(a, axes) for a in (q_BTHK, k_BSHK, v_BSHK))
         if cfg.scale_attn_logits:
             q_BTHK = q_BTHK * jnp.asarray(k ** -0.5, dtype)
-        if hasattr(bias_BHTS, "attend"):  # model.attention_kernel="flash": a KernelBias
-            out_BTHK = bias_BHTS.attend(q_BTHK, k_BSHK, v_BSHK)
-        else:
-            logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
-            weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
-            weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS,
-                                                        deterministic=deterministic)
-            out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
+        logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
+        weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
+        weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS, deterministic=deterministic)
+        out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
         out_BTD = self.dense_layer("out", features=(cfg.d_model,), n_in=2,
                                    kernel_axes=("heads", "kv", "embed"), **shared)(out_BTHK)
         out_BTD = checkpoint_name(out_BTD, "out_proj")
@@ -313,6 +312,11 @@ ACTIVATIONS = {
     "reglu": nn.relu,
     "swiglu": nn.silu,
     "bilinear": lambda x: x,
+    # Narang et al. 2021's other activations
+    "elu": nn.elu,
+    "selu": nn.selu,
+    "sigmoid": nn.sigmoid,
+    "softplus": nn.softplus,
 }
 GATED = ("glu", "geglu", "reglu", "swiglu", "bilinear")
 
@@ -326,7 +330,7 @@ class MLP(nn.Module):
 
     def dense_layer(self, name: str, **fields) -> DenseGeneral:
         """The projection ``name`` (wi, wi_0, wi_1, wo) with these DenseGeneral fields."""
-        return DenseGeneral(name=name, **fields)
+        return DenseGeneral(name=name, **fixup.dense_fields(self.cfg, name, fields))
 
     def adapt_hidden(self, h_BLF):
         """The hidden activations after the nonlinearity."""

@@ -17,10 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.errors import UserError
-from t5lite.models import flash_attention
 from t5lite.models import layers as L
-from t5lite.models import token_mixing
-from t5lite.models.evolved import EvolvedBlock
+from t5lite.models import residual, sharing
 from t5lite.models.gradient_rules import add_position_bias
 from t5lite.models.positions import RelativePositionBias, alibi_bias, sinusoidal
 
@@ -59,12 +57,12 @@ CORE_MODULES = StackModules()
 class LayerContext:
     """The arrays a Stack builds once and shares with all its Blocks."""
 
-    bias: Any  # self-attention mask as an additive bias [B, 1, T, S] (flash: a KernelBias)
+    bias: jnp.ndarray  # self-attention mask as an additive bias [B, 1, T, S]
     pos_bias: Optional[jnp.ndarray] = None  # relative / ALiBi position bias [1 or B, H, T, S]
     rope_pos: Optional[jnp.ndarray] = None  # RoPE positions [B, T]
     cache_index: Optional[jnp.ndarray] = None  # decoding: the KV cache write index []
     encoded: Optional[jnp.ndarray] = None  # encoder output for cross-attention [B, S, D]
-    cross_bias: Optional[Any] = None  # cross-attention mask bias [B, 1, T, S] (or KernelBias)
+    cross_bias: Optional[jnp.ndarray] = None  # cross-attention mask bias [B, 1, T, S]
 
 
 class Block(nn.Module):
@@ -89,18 +87,13 @@ class Block(nn.Module):
         cfg = self.cfg
         modules = self.modules
 
-        def sublayer(x, stem, fn):
-            where = "pre" if cfg.pre_norm else "post"
-            norm = L.make_norm(cfg, f"{where}_{stem}_layer_norm")
-            y = fn(norm(x) if cfg.pre_norm else x)
-            y = x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
-            return y if cfg.pre_norm else norm(y)
+        def sublayer(x, stem, fn):  # x + branch, pre- or post-norm, ReZero / Fixup scalars
+            return residual.sublayer(self, cfg, x, stem, fn, deterministic)
 
         stem = "self_attention" if self.decoder else "attention"
         bias = (ctx.bias if ctx.pos_bias is None
                 else add_position_bias(ctx.bias, ctx.pos_bias, cfg.gradient_rules))
-        attention = token_mixing.self_attention(cfg, modules.attention, self.decoder)
-        x_BLD = sublayer(x_BLD, stem, lambda y: attention(cfg, name=stem)(
+        x_BLD = sublayer(x_BLD, stem, lambda y: modules.attention(cfg, name=stem)(
             y, y, bias, ctx.rope_pos, deterministic, decode, ctx.cache_index))
         if self.cross and ctx.encoded is not None:
             x_BLD = sublayer(x_BLD, "cross_attention", lambda y: modules.attention(
@@ -190,12 +183,16 @@ class Stack(nn.Module):
     def _make_layers(self):
         cfg = self.cfg
         n = cfg.num_encoder_layers if self.kind == "encoder" else cfg.num_decoder_layers
-        block = EvolvedBlock if cfg.block_type == "evolved" else Block
+        block = Block
         if cfg.remat != "none":
-            block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat],
+            block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat],
                              prevent_cse=not cfg.scan_layers, static_argnums=(3, 4))
         block_fields = dict(cfg=cfg, decoder=self.kind == "decoder", cross=self.cross,
                             modules=self.modules)
+        if sharing.shares_block(cfg, self.kind):  # one block's params at every layer
+            shared = sharing.SharedBlocks(cfg, block, block_fields,
+                                          sharing.applications(cfg, self.kind), cfg.scan_layers)
+            return shared if cfg.scan_layers else [shared]
         if cfg.scan_layers:
             scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                               split_rngs={"params": True, "dropout": True},
@@ -226,7 +223,6 @@ class Stack(nn.Module):
             q_valid_BL = segments_BL != 0
         else:  # decoder inputs start with id 0 (BOS): only segment ids mark padding
             q_valid_BL = jnp.ones((b, t), bool) if segments_BL is None else segments_BL != 0
-        flash = cfg.attention_kernel == "flash" and not decode and not self.num_prompt
         if decode:
             seg_BL = jnp.ones((b, t), jnp.int32) if segments_BL is None else segments_BL
             index, positions_BL, k_pos_BS, k_seg_BS = self.decode_state(positions_BL, seg_BL)
@@ -235,9 +231,8 @@ class Stack(nn.Module):
             if positions_BL is None:
                 positions_BL = jnp.broadcast_to(jnp.arange(t), (b, t))
             k_pos_BS = positions_BL
-            mask_BLS = None if flash else L.self_attention_mask(
-                q_valid_BL, segments_BL, self.kind == "decoder",
-                prefix_BL if cfg.architecture == "prefix_lm" else None)
+            mask_BLS = L.self_attention_mask(q_valid_BL, segments_BL, self.kind == "decoder",
+                                             prefix_BL if cfg.architecture == "prefix_lm" else None)
         x_BLD = self.embed(tokens_BL, positions_BL, token_types_BL, deterministic)
         if self.num_prompt:  # prompt tuning: soft tokens in front, masks / positions extended
             if decode:
@@ -248,7 +243,7 @@ class Stack(nn.Module):
                 self.prompt, x_BLD, mask_BLS, q_valid_BL, positions_BL)
             k_pos_BS = positions_BL
         pos_bias = cache_index = rope_pos = encoded = cross_bias = None
-        if cfg.position in ("relative", "alibi") and not flash:
+        if cfg.position in ("relative", "alibi"):
             if not decode and not self.num_prompt:  # slot offsets equal position offsets in a
                 q_pos, k_pos = (jnp.arange(t)[None],) * 2  # (packed) segment: one [1, H, L, L]
             else:
@@ -266,14 +261,9 @@ class Stack(nn.Module):
         if encoded_BSD is not None:
             k_valid_BS = encoder_tokens_BS != 0
             encoded = encoded_BSD
-            cross_bias = None if flash else L.attention_bias(L.cross_attention_mask(
+            cross_bias = L.attention_bias(L.cross_attention_mask(
                 q_valid_BL, k_valid_BS, segments_BL, encoder_segments_BS))
-        bias = None if flash else L.attention_bias(mask_BLS)
-        if flash:  # the kernel makes masks and position biases itself: nothing [T, S] here
-            bias, cross_bias = flash_attention.kernel_biases(
-                self, q_valid_BL, segments_BL, encoder_tokens_BS if encoded is not None else None,
-                encoder_segments_BS, deterministic)
-        ctx = LayerContext(bias=bias, pos_bias=pos_bias, rope_pos=rope_pos,
+        ctx = LayerContext(bias=L.attention_bias(mask_BLS), pos_bias=pos_bias, rope_pos=rope_pos,
                            cache_index=cache_index, encoded=encoded, cross_bias=cross_bias)
         return x_BLD, ctx
 
@@ -329,9 +319,7 @@ class Stack(nn.Module):
     def logits(self, x_BLD):
         """Output projection: tied embedding (T5 v1.0 rescales by d_model**-0.5) or logits_dense."""
         cfg = self.cfg
-        if hasattr(self.embedder, "vocab_logits"):  # models/vocab_layers.py
-            logits_BLV = self.embedder.vocab_logits(x_BLD)
-        elif cfg.tie_embeddings:
+        if cfg.tie_embeddings:
             if cfg.scale_tied_logits:
                 x_BLD = x_BLD * jnp.asarray(cfg.d_model ** -0.5, x_BLD.dtype)
             logits_BLV = self.embedder.attend(x_BLD)
