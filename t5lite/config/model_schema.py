@@ -111,6 +111,35 @@ class ModelConfig(Section):
     # [B, N, V]. Masked tokens beyond N in a row go unscored ("mlm_dropped_fraction" metric).
     mlm_predict_fraction: float = 0.0
     dropout_rate: float = 0.1
+    # Narang et al. 2021 architecture rows (issue 38). The FFN of chosen layers becomes a
+    # mixture of experts (models/moe.py: "moe" GShard top-2, "switch" top-1) or a product key
+    # memory ("pkm", models/pkm.py). Chosen: layers k, 2k, ... of each stack in
+    # ffn_layer_stacks (k = ffn_layer_every), or the 0-based layers in ffn_layer_at (negative
+    # counts from the end). Stacks whose layers differ are built unscanned.
+    ffn_layer: str = setting("dense", choices=("dense", "moe", "switch", "pkm"))
+    ffn_layer_every: int = setting(1, bounds=(1, None))
+    ffn_layer_at: tuple = ()
+    ffn_layer_stacks: str = setting("both", choices=("both", "encoder", "decoder"))
+    num_experts: int = setting(32, bounds=(1, None))
+    expert_d_ff: int = setting(0, bounds=(0, None), meaning=" (0 = d_ff)")
+    # tokens an expert takes from each sequence: capacity_factor * length / num_experts (at
+    # least 4, as Mesh TensorFlow); the rest of that expert's tokens skip the FFN (residual)
+    expert_capacity_factor: float = setting(1.25, bounds=(0.0, None))
+    moe_aux_loss_weight: float = setting(0.01, bounds=(0.0, None))  # load-balancing loss
+    router_jitter: float = setting(0.0, bounds=(0.0, 1.0))  # multiplicative, training only
+    pkm_keys: int = setting(512, bounds=(1, None))  # sub-keys per half: pkm_keys**2 slots
+    pkm_heads: int = setting(4, bounds=(1, None))
+    pkm_knn: int = setting(32, bounds=(1, None))  # slots read per head
+    pkm_key_dim: int = setting(512, bounds=(2, None))  # query width (two halves)
+    # Funnel Transformer encoder (models/funnel.py): layers per block, e.g. (4, 4, 4); each
+    # later block mean-pools the sequence by 2 after its first self-attention; () = off
+    funnel_blocks: tuple = ()
+    # Weighted Transformer (models/weighted.py): branched attention, each head with its own
+    # output projection, a shared FFN and learned kappa / alpha weights; no separate FFN
+    weighted_transformer: bool = False
+    # transparent attention (models/transparent.py): each decoder layer cross-attends to a
+    # learned softmax-weighted sum of the embeddings and every encoder layer's output
+    transparent_attention: bool = False
     # compute dtype; params are always float32
     dtype: str = setting("float32", choices=("float32", "bfloat16", "float16"))
     # Multi-axis projection kernels (attention query / key / value [D, H, K], out [H, K, D])

@@ -13,6 +13,7 @@ import math
 from t5lite.config.dotted import get_by_path
 from t5lite.config.mixing_rules import check_mixing
 from t5lite.config.schema import Config, freeze
+from t5lite.config.variant_rules import check_variants
 from t5lite.errors import UserError
 
 
@@ -155,6 +156,7 @@ def check_model(m) -> None:
         raise UserError("model.num_token_classes / model.span_head are BERT heads: use "
                         "architecture=encoder_only (T5 tags or extracts spans as text).")
     check_peft(m)
+    check_variants(m)
     if m.position == "rope" and m.head_dim % 2:
         raise UserError(f"position=rope needs an even head_dim, got {m.head_dim}.")
     if m.position == "sinusoidal" and m.d_model % 2:

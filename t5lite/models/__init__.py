@@ -17,6 +17,7 @@ import numpy as np
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
+from t5lite.models import layer_plan
 from t5lite.models.architectures import ARCHITECTURES
 from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
 from t5lite.models.electra import Electra
@@ -53,7 +54,7 @@ def build_model(cfg, modules: StackModules | None = None) -> nn.Module:
         if config_lib.peft_enabled(cfg):
             raise UserError("model.peft turns a PEFT method on: build this model with "
                             "t5lite.peft.build_model(cfg), which adds its modules.")
-        modules = CORE_MODULES
+        modules = layer_plan.core_modules(cfg, CORE_MODULES)
     if cfg.electra.rtd_head:  # ELECTRA: the encoder_only model with a generator + RTD head
         return Electra(cfg, modules)
     return ARCHITECTURES[cfg.architecture](cfg, modules)
@@ -121,12 +122,15 @@ def init_cache(model, params, batch_size: int, max_length: int, encoder_input_to
         if encoder_input_tokens is None:
             raise UserError("init_cache for an encoder_decoder model needs encoder_input_tokens.")
         n = encoder_input_tokens.shape[1]
-        kwargs = dict(encoded=jnp.zeros((batch_size, n, cfg.d_model), jnp.dtype(cfg.dtype)),
-                      encoder_input_tokens=jnp.zeros((batch_size, n), jnp.int32))
+        kwargs = dict(encoder_input_tokens=jnp.zeros((batch_size, n), jnp.int32))
 
     def shapes(params):
+        call = dict(kwargs)
+        if call:  # the encoder output's own shape (Funnel pools it, transparent stacks it)
+            call["encoded"] = model.apply({"params": params}, call["encoder_input_tokens"],
+                                          method="encode")
         _, variables = model.apply({"params": params}, tokens, decode=True, mutable=["cache"],
-                                   method="decode", **kwargs)
+                                   method="decode", **call)
         return variables["cache"]
 
     abstract = jax.eval_shape(shapes, params)

@@ -75,6 +75,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5lite.models import funnel
 from t5lite.models import layers as L
 from t5lite.models.embeddings import FactorizedEmbed
 from t5lite.models.sbo import SpanBoundaryHead
@@ -127,6 +128,9 @@ class EncoderDecoder(nn.Module):
     def decode(self, decoder_input_tokens, encoded, encoder_input_tokens, decoder_positions=None,
                decoder_segment_ids=None, encoder_segment_ids=None, decode=False,
                deterministic=True):
+        # a Funnel encoder's output is shorter than its ids: the cross mask reads pooled ids
+        encoder_input_tokens, encoder_segment_ids = funnel.pool_ids(
+            self.cfg, encoder_input_tokens, encoder_segment_ids)
         x_BLD = self.decoder(decoder_input_tokens, decoder_positions, decoder_segment_ids,
                              encoded_BSD=encoded, encoder_tokens_BS=encoder_input_tokens,
                              encoder_segments_BS=encoder_segment_ids,

@@ -229,8 +229,8 @@ class MultiHeadAttention(nn.Module):
 
     decode=True appends this call's T keys/values at ``cache_index`` in the "cache" collection
     and attends over the whole cache (the bias then has the cache length as its key axis).
-    Subclasses adapt it through ``dense_layer`` / ``adapt_kv`` / ``extend_kv`` (plain dense
-    layers and identities here).
+    Subclasses adapt it through ``dense_layer`` / ``adapt_kv`` / ``extend_kv`` /
+    ``combine_heads`` (plain dense layers and identities here).
     """
 
     cfg: object
@@ -279,10 +279,15 @@ class MultiHeadAttention(nn.Module):
         weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
         weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS, deterministic=deterministic)
         out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
-        out_BTD = self.dense_layer("out", features=(cfg.d_model,), n_in=2,
-                                   kernel_axes=("heads", "kv", "embed"), **shared)(out_BTHK)
-        out_BTD = checkpoint_name(out_BTD, "out_proj")
+        out_BTD = checkpoint_name(self.combine_heads(out_BTHK, shared, deterministic),
+                                  "out_proj")
         return constrain(out_BTD, ("batch", "length", "embed"))
+
+    def combine_heads(self, out_BTHK, shared: dict, deterministic: bool):
+        """[B, T, H, K] -> [B, T, D]: the output projection "out" (``shared``: its DenseGeneral
+        fields); models/weighted.py overrides it."""
+        return self.dense_layer("out", features=(self.cfg.d_model,), n_in=2,
+                                kernel_axes=("heads", "kv", "embed"), **shared)(out_BTHK)
 
     def _update_cache(self, k_BTHK, v_BTHK, index):
         """Write T new keys/values at ``index``; return the full cached keys/values."""

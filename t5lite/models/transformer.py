@@ -17,10 +17,12 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.errors import UserError
+from t5lite.models import funnel, layer_plan, moe
 from t5lite.models import layers as L
 from t5lite.models import residual, sharing
 from t5lite.models.gradient_rules import add_position_bias
 from t5lite.models.positions import RelativePositionBias, alibi_bias, sinusoidal
+from t5lite.models.transparent import TransparentMemory
 
 # Names tagged with jax.ad_checkpoint.checkpoint_name on the projection outputs (layers.py).
 PROJECTION_NAMES = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi", "mlpwi_0",
@@ -81,6 +83,8 @@ class Block(nn.Module):
     cross: bool = False
     scanned: bool = False
     modules: StackModules = CORE_MODULES
+    ffn_layer: str = "dense"  # this layer's FFN (layer_plan.ffn_layer_at)
+    pool: int = 1  # Funnel: mean-pool the sequence by this after the self-attention
 
     @nn.compact
     def __call__(self, x_BLD, ctx: LayerContext, deterministic=True, decode=False):
@@ -95,11 +99,19 @@ class Block(nn.Module):
                 else add_position_bias(ctx.bias, ctx.pos_bias, cfg.gradient_rules))
         x_BLD = sublayer(x_BLD, stem, lambda y: modules.attention(cfg, name=stem)(
             y, y, bias, ctx.rope_pos, deterministic, decode, ctx.cache_index))
+        if self.pool > 1:
+            x_BLD = funnel.mean_pool(x_BLD, self.pool)
         if self.cross and ctx.encoded is not None:
+            memory = ctx.encoded
+            if cfg.transparent_attention:  # ctx.encoded: every encoder layer's output
+                memory = TransparentMemory(cfg, name="transparent_attention")(
+                    ctx.encoded, deterministic)
             x_BLD = sublayer(x_BLD, "cross_attention", lambda y: modules.attention(
                 cfg, cross=True, name="encoder_decoder_attention")(
-                    y, ctx.encoded, ctx.cross_bias, deterministic=deterministic))
-        x_BLD = sublayer(x_BLD, "mlp", lambda y: modules.mlp(cfg, name="mlp")(y, deterministic))
+                    y, memory, ctx.cross_bias, deterministic=deterministic))
+        if layer_plan.has_ffn_sublayer(cfg):
+            ffn = layer_plan.ffn_module(cfg, self.ffn_layer, modules.mlp)
+            x_BLD = sublayer(x_BLD, "mlp", lambda y: ffn(cfg, name="mlp")(y, deterministic))
         if modules.after_mlp is not None:
             x_BLD = modules.after_mlp(cfg, name=modules.after_mlp_name)(x_BLD, deterministic)
         x_BLD = L.constrain(x_BLD, ("batch", "length", "embed"))
@@ -193,14 +205,16 @@ class Stack(nn.Module):
             shared = sharing.SharedBlocks(cfg, block, block_fields,
                                           sharing.applications(cfg, self.kind), cfg.scan_layers)
             return shared if cfg.scan_layers else [shared]
-        if cfg.scan_layers:
-            scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
+        plan = layer_plan.layer_fields(cfg, self.kind, n)
+        if layer_plan.scanned(cfg, self.kind, n):
+            scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0,
+                                                    moe.AUX_COLLECTION: 0},
                               split_rngs={"params": True, "dropout": True},
                               in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=n,
                               unroll=cfg.scan_unroll or n,
                               metadata_params={nn.PARTITION_NAME: "layers"})
-            return scanned(**block_fields, scanned=True)
-        return [block(**block_fields) for _ in range(n)]
+            return scanned(**block_fields, **(plan[0] if plan else {}), scanned=True)
+        return [block(**block_fields, **fields) for fields in plan]
 
     def __call__(self, tokens_BL, positions_BL=None, segments_BL=None, token_types_BL=None,
                  prefix_BL=None, encoded_BSD=None, encoder_tokens_BS=None,
@@ -208,6 +222,8 @@ class Stack(nn.Module):
         x_BLD, ctx = self.prepare(tokens_BL, positions_BL, segments_BL, token_types_BL, prefix_BL,
                                   encoded_BSD, encoder_tokens_BS, encoder_segments_BS,
                                   deterministic, decode)
+        if layer_plan.custom_encoder(self.cfg, self.kind):  # Funnel / transparent attention
+            return layer_plan.run_encoder(self, x_BLD, ctx, deterministic)
         x_BLD = self.run_layers(x_BLD, ctx, deterministic, decode, layers)
         return self.finish(x_BLD, deterministic)[:, self.num_prompt:]  # drop the soft prompt
 
@@ -303,7 +319,7 @@ class Stack(nn.Module):
         """``layers``: another stack's layers (shared encoder-decoder); default this stack's."""
         if layers is None:
             layers = self.layers if self.shared is None else self.shared.layers
-        if self.cfg.scan_layers:
+        if not isinstance(layers, (list, tuple)):  # one scanned layer
             x_BLD, _ = layers(x_BLD, ctx, deterministic, decode)
             return x_BLD
         for layer in layers:

@@ -195,6 +195,8 @@ def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
     """
     if norms is None:
         norms = normalizers(cfg, batch)
+    if "aux_loss" in outputs:  # mixture-of-experts layers' load-balancing loss
+        return _with_aux_loss(cfg, outputs, batch, norms)
     metrics = {}
     if any(k in outputs for k in HEAD_OUTPUTS):
         return head_losses(cfg, outputs, batch, norms)
@@ -239,6 +241,16 @@ def compute_loss(cfg, outputs: dict, batch: dict, norms: dict | None = None):
         loss = loss + nsp
     metrics["loss"] = loss
     return loss, metrics
+
+
+def _with_aux_loss(cfg, outputs: dict, batch: dict, norms: dict):
+    """compute_loss of the other outputs + outputs["aux_loss"] (metric "moe_aux_loss"). The
+    layers average it over this (micro-)batch's sequences; weighting it by the (micro-)batch's
+    share of the full batch makes the micro-batches' sum the full batch's mean."""
+    loss, metrics = compute_loss(cfg, {k: v for k, v in outputs.items() if k != "aux_loss"},
+                                 batch, norms)
+    aux = outputs["aux_loss"] * (next(iter(batch.values())).shape[0] / norms["examples"])
+    return loss + aux, dict(metrics, moe_aux_loss=aux, loss=loss + aux)
 
 
 def electra_loss(cfg, outputs: dict, batch: dict, norms: dict):

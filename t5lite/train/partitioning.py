@@ -27,6 +27,10 @@ BATCH_AXES = ("data", "fsdp")
 # is skipped (flax semantics), so an activation [batch, length, embed] keeps `embed` unsharded
 # because `batch` already took fsdp.
 LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
+    # mixture-of-experts weights [expert, embed, mlp] and dispatched tokens [expert, batch,
+    # capacity, embed]: experts over the data axis (expert parallelism, GShard); first, so
+    # `expert` takes `data` before `batch` of the same array could
+    ("expert", "data"),
     ("batch", BATCH_AXES),
     ("vocab", "tensor"),
     ("heads", "tensor"),
@@ -39,6 +43,9 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
     ("token_types", None),
     ("abspos", None),
     ("classes", None),
+    ("encoder_layers", None),  # transparent attention's per-layer encoder outputs
+    ("memory", None),  # product key memory slots (values [memory, embed]: embed over fsdp)
+    ("memory_keys", None),
 )
 
 
@@ -178,7 +185,8 @@ def check_divisible(abstract_params, logical_specs, mesh, rules=LOGICAL_RULES,
             size = (sizes or {}).get(name, size)
             if size % n:
                 hint = {"heads": "model.num_heads", "mlp": "model.d_ff",
-                        "vocab": "model.vocab_size", "embed": "model.d_model"}.get(name, name)
+                        "vocab": "model.vocab_size", "embed": "model.d_model",
+                        "expert": "model.num_experts"}.get(name, name)
                 raise UserError(
                     f"parameter {jax.tree_util.keystr(path)} dimension '{name}' of size {size} "
                     f"is sharded over mesh axes {axes} of size {n}, which does not divide it. "

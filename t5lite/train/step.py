@@ -11,6 +11,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from t5lite import peft
+from t5lite.models import moe
 from t5lite.monitor import flops as flops_lib
 from t5lite.train import losses, optim, partitioning
 from t5lite.train.state import TrainState, init_rngs
@@ -116,8 +117,9 @@ def make_train_step(cfg, model, tx, mesh, shardings, schedule=None, trainable=No
     train_shardings, _ = partition_trainable(shardings.params, trainable)
 
     def micro_loss(train, frozen, micro, key, norms):
-        outputs = model.apply({"params": merge_trainable(trainable, train, frozen)}, micro,
-                              deterministic=False, rngs={"dropout": key})
+        outputs = moe.apply_with_aux_loss(
+            model, {"params": merge_trainable(trainable, train, frozen)}, micro,
+            deterministic=False, rngs={"dropout": key})
         return losses.compute_loss(cfg, outputs, micro, norms)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -149,7 +151,7 @@ def make_train_step(cfg, model, tx, mesh, shardings, schedule=None, trainable=No
 def make_eval_step(cfg, model, mesh, param_shardings):
     """jit(params, batch) -> metrics (deterministic forward, same losses as training)."""
     def eval_fn(params, batch):
-        outputs = model.apply({"params": params}, batch, deterministic=True)
+        outputs = moe.apply_with_aux_loss(model, {"params": params}, batch, deterministic=True)
         return losses.compute_loss(cfg, outputs, batch)[1]
 
     return _jit_on_mesh(eval_fn, cfg, mesh,

@@ -1,0 +1,171 @@
+"""Mixture-of-experts FFN layers: GShard top-2 ("moe") and Switch top-1 ("switch") routing.
+
+Shapes: B batch (each row is one routing group), L length, D embed, E experts, C expert
+capacity, F expert hidden width. As in Mesh TensorFlow's MoE1D (the codebase of Narang et al.
+2021): the router runs in float32; every expert takes at most C = capacity_factor * L / E
+tokens of a sequence (at least 4), in sequence order; a token routed past a full expert gets
+nothing from it, so its FFN output is zero and only the residual carries it. The
+load-balancing loss E^2 * mean_e(fraction of tokens whose first choice is e * mean router
+probability of e) is sown into the "aux_loss" collection times model.moe_aux_loss_weight;
+``sown_aux_loss`` adds it up for the training loss. Expert weights carry the logical axis
+"expert" (partitioning.py maps it onto a mesh axis), so each device holds its own experts and
+the dispatched tokens [E, B, C, D] move to them (an all-to-all under GSPMD).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5lite.models import layers as L
+
+MIN_CAPACITY = 4  # Mesh TensorFlow's min_expert_capacity
+SECOND_THRESHOLD = 0.2  # GShard's "random" second-expert policy (training only)
+AUX_COLLECTION = "aux_loss"
+
+
+def expert_capacity(length: int, num_experts: int, capacity_factor: float) -> int:
+    """Tokens one expert takes from a sequence of ``length`` tokens."""
+    return min(length, max(int(length * capacity_factor / num_experts), MIN_CAPACITY))
+
+
+def load_balancing_loss(probs_BLE, first_BLE):
+    """E^2 * mean over groups and experts of (fraction of the group's tokens whose first
+    choice is the expert) * (mean router probability of the expert): 1 when balanced."""
+    e = probs_BLE.shape[-1]
+    density_BE = jnp.mean(first_BLE, axis=1)
+    proxy_BE = jnp.mean(probs_BLE, axis=1)
+    return jnp.mean(density_BE * proxy_BE) * float(e * e)
+
+
+def _positions(mask_BLE, offset_BE=None):
+    """Each routed token's slot in its expert's buffer: the tokens before it in the sequence
+    routed to that expert (plus ``offset``), [B, L] (0 where not routed)."""
+    before_BLE = jnp.cumsum(mask_BLE, axis=1) - mask_BLE
+    if offset_BE is not None:
+        before_BLE = before_BLE + offset_BE[:, None, :]
+    return jnp.sum(before_BLE * mask_BLE, axis=-1)
+
+
+def _combine(gate_BL, index_BL, slot_BL, kept_BL, num_experts, capacity):
+    """[B, L, E, C]: gate at (expert, slot) for each kept token, 0 elsewhere."""
+    slot_BLC = jax.nn.one_hot(slot_BL.astype(jnp.int32), capacity)
+    expert_BLE = jax.nn.one_hot(index_BL, num_experts)
+    return (gate_BL * kept_BL)[..., None, None] * expert_BLE[..., None] * slot_BLC[:, :, None]
+
+
+def top1_routing(probs_BLE, capacity: int):
+    """Switch routing: each token to its most probable expert, weighted by that probability,
+    while the expert has room. -> (combine [B, L, E, C], load-balancing loss)."""
+    e = probs_BLE.shape[-1]
+    index_BL = jnp.argmax(probs_BLE, axis=-1)
+    gate_BL = jnp.max(probs_BLE, axis=-1)
+    mask_BLE = jax.nn.one_hot(index_BL, e)
+    loss = load_balancing_loss(probs_BLE, mask_BLE)
+    slot_BL = _positions(mask_BLE)
+    kept_BL = (slot_BL < capacity).astype(probs_BLE.dtype)
+    return _combine(gate_BL, index_BL, slot_BL, kept_BL, e, capacity), loss
+
+
+def top2_routing(probs_BLE, capacity: int, uniform_BL=None):
+    """GShard routing: each token to its two most probable experts with gates renormalised
+    to sum to 1. The second choice is kept with probability min(1, gate_2 / 0.2) when
+    ``uniform_BL`` (U[0, 1) draws, training) is given, else always. First choices fill the
+    buffers before second choices. -> (combine [B, L, E, C], load-balancing loss)."""
+    e = probs_BLE.shape[-1]
+    index1_BL = jnp.argmax(probs_BLE, axis=-1)
+    mask1_BLE = jax.nn.one_hot(index1_BL, e)
+    gate1_BL = jnp.max(probs_BLE, axis=-1)
+    rest_BLE = probs_BLE * (1.0 - mask1_BLE)
+    index2_BL = jnp.argmax(rest_BLE, axis=-1)
+    mask2_BLE = jax.nn.one_hot(index2_BL, e)
+    gate2_BL = jnp.max(rest_BLE, axis=-1)
+    denom_BL = gate1_BL + gate2_BL + 1e-9
+    gate1_BL, gate2_BL = gate1_BL / denom_BL, gate2_BL / denom_BL
+    loss = load_balancing_loss(probs_BLE, mask1_BLE)
+    if uniform_BL is not None:
+        mask2_BLE = mask2_BLE * (uniform_BL < gate2_BL / SECOND_THRESHOLD)[..., None]
+    slot1_BL = _positions(mask1_BLE)
+    kept1_BL = (slot1_BL < capacity).astype(probs_BLE.dtype)
+    first_count_BE = jnp.sum(mask1_BLE * kept1_BL[..., None], axis=1)
+    slot2_BL = _positions(mask2_BLE, first_count_BE)
+    kept2_BL = jnp.sum(mask2_BLE, axis=-1) * (slot2_BL < capacity)
+    combine = (_combine(gate1_BL, index1_BL, slot1_BL, kept1_BL, e, capacity)
+               + _combine(gate2_BL, index2_BL, slot2_BL, kept2_BL, e, capacity))
+    return combine, loss
+
+
+class SparseMLP(nn.Module):
+    """The FFN of a mixture-of-experts layer (cfg.ffn_layer "moe": top-2, "switch": top-1).
+
+    Params: router/kernel [D, E] ("embed", "expert"); wi (or wi_0, wi_1 for gated
+    activations) [E, D, F] ("expert", "embed", "mlp"); wo [E, F, D] ("expert", "mlp", "embed").
+    """
+
+    cfg: object
+
+    @nn.compact
+    def __call__(self, x_BLD, deterministic=True):
+        cfg = self.cfg
+        dtype = L.compute_dtype(cfg)
+        e, f, d = cfg.num_experts, cfg.expert_d_ff or cfg.d_ff, x_BLD.shape[-1]
+        capacity = expert_capacity(x_BLD.shape[1], e, cfg.expert_capacity_factor)
+        gate_x_BLD = x_BLD.astype(jnp.float32)
+        if cfg.router_jitter > 0 and not deterministic:
+            gate_x_BLD = gate_x_BLD * jax.random.uniform(
+                self.make_rng("dropout"), gate_x_BLD.shape, jnp.float32,
+                1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter)
+        router = L.DenseGeneral((e,), ("embed", "expert"), dtype=jnp.float32,
+                                init=L.kernel_init(cfg), flat_kernel=False,
+                                gradient_rules=cfg.gradient_rules, name="router")
+        probs_BLE = jax.nn.softmax(router(gate_x_BLD).astype(jnp.float32), axis=-1)
+        if cfg.ffn_layer == "switch":
+            combine_BLEC, aux = top1_routing(probs_BLE, capacity)
+        else:
+            uniform_BL = None if deterministic else jax.random.uniform(
+                self.make_rng("dropout"), probs_BLE.shape[:2])
+            combine_BLEC, aux = top2_routing(probs_BLE, capacity, uniform_BL)
+        self.sow(AUX_COLLECTION, "load_balancing", cfg.moe_aux_loss_weight * aux,
+                 init_fn=lambda: jnp.zeros((), jnp.float32), reduce_fn=jnp.add)
+        dispatch_BLEC = (combine_BLEC > 0).astype(dtype)
+        in_EBCD = jnp.einsum("blec,bld->ebcd", dispatch_BLEC, x_BLD.astype(dtype))
+        in_EBCD = L.constrain(in_EBCD, ("expert", "batch", None, "embed"))
+        h_EBCF = self._hidden(in_EBCD, e, d, f, dtype)
+        h_EBCF = L.constrain(h_EBCF, ("expert", "batch", None, "mlp"))
+        h_EBCF = nn.Dropout(cfg.dropout_rate)(h_EBCF, deterministic=deterministic)
+        wo = self._kernel("wo", (e, f, d), ("expert", "mlp", "embed"))
+        out_EBCD = jnp.einsum("ebcf,efd->ebcd", h_EBCF, wo.astype(dtype))
+        out_EBCD = L.constrain(out_EBCD, ("expert", "batch", None, "embed"))
+        out_BLD = jnp.einsum("blec,ebcd->bld", combine_BLEC.astype(dtype), out_EBCD)
+        return L.constrain(out_BLD, ("batch", "length", "embed"))
+
+    def _kernel(self, name, shape, axes):
+        """An expert-stacked kernel, fan-in initialised per expert like a dense kernel."""
+        init = L.kernel_init(self.cfg)
+        return self.param(name, nn.with_logical_partitioning(
+            lambda key, shape, dtype=jnp.float32: jax.vmap(
+                lambda k: init(k, shape[1:], dtype))(jax.random.split(key, shape[0])), axes),
+            shape, jnp.float32)
+
+    def _hidden(self, in_EBCD, e, d, f, dtype):
+        act = L.ACTIVATIONS[self.cfg.ffn]
+        names = ("wi_0", "wi_1") if self.cfg.ffn in L.GATED else ("wi",)
+        h = [jnp.einsum("ebcd,edf->ebcf", in_EBCD, self._kernel(
+            n, (e, d, f), ("expert", "embed", "mlp")).astype(dtype)) for n in names]
+        return act(h[0]) * h[1] if len(h) == 2 else act(h[0])
+
+
+def sown_aux_loss(variables):
+    """The sum of every load-balancing term a forward pass sowed (0.0 when none)."""
+    leaves = jax.tree.leaves(variables.get(AUX_COLLECTION, {}))
+    return sum((jnp.sum(x) for x in leaves), jnp.zeros((), jnp.float32))
+
+
+def apply_with_aux_loss(model, variables, *args, **kwargs):
+    """model.apply(...) -> outputs, with outputs["aux_loss"] (the weighted load-balancing
+    loss of every mixture-of-experts layer) when the forward pass sowed any."""
+    outputs, sown = model.apply(variables, *args, mutable=[AUX_COLLECTION], **kwargs)
+    if jax.tree.leaves(sown.get(AUX_COLLECTION, {})):
+        outputs = dict(outputs, aux_loss=sown_aux_loss(sown))
+    return outputs

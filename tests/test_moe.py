@@ -1,0 +1,197 @@
+"""Mixture-of-experts layers (models/moe.py): Switch top-1 and GShard top-2 routing, capacity
+and dropped tokens, the load-balancing loss and its path into the training loss, expert
+weights sharded over the mesh's data axis, and parity with Hugging Face's Switch Transformers
+sparse MLP."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from t5lite.config import ModelConfig
+from t5lite.models import build_model, dummy_batch, moe
+from t5lite.train import losses, partitioning
+
+KEY = functools.partial(jax.random.key, impl="rbg")
+
+
+def tiny(**kw) -> ModelConfig:
+    base = dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32,
+                num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0, max_length=32,
+                ffn_layer="switch", num_experts=4, expert_capacity_factor=4.0)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def sparse_mlp(cfg, x_BLD, seed=0):
+    layer = moe.SparseMLP(cfg)
+    params = nn.meta.unbox(layer.init(KEY(seed), x_BLD)["params"])
+    return layer, params
+
+
+def test_switch_routes_each_token_to_one_expert_within_capacity():
+    """All 12 tokens prefer expert 2; capacity 4: the first 4 (in sequence order) get it with
+    their router probability as the weight, the other 8 get no expert at all."""
+    logits_BLE = np.zeros((1, 12, 4), np.float32)
+    logits_BLE[..., 2] = 3.0
+    logits_BLE[0, ::3, 1] = 5.0  # tokens 0, 3, 6, 9 prefer expert 1 (4 of them: all fit)
+    probs_BLE = jax.nn.softmax(jnp.asarray(logits_BLE))
+    combine_BLEC, _ = moe.top1_routing(probs_BLE, capacity=4)
+    per_token = np.asarray(combine_BLEC > 0).sum(axis=(2, 3))[0]
+    assert set(per_token) <= {0, 1}
+    to_2 = [t for t in range(12) if t % 3]
+    np.testing.assert_array_equal(per_token[to_2], [1] * 4 + [0] * 4)
+    np.testing.assert_array_equal(per_token[::3], 1)
+    load_E = np.asarray(combine_BLEC > 0).sum(axis=(1, 3))[0]
+    np.testing.assert_array_equal(load_E, [0, 4, 4, 0])
+    slots = np.asarray(combine_BLEC[0, to_2[:4], 2] > 0).argmax(-1)
+    np.testing.assert_array_equal(slots, [0, 1, 2, 3])  # one slot each, in order
+    gate = np.asarray(combine_BLEC).sum(axis=(2, 3))[0]
+    np.testing.assert_allclose(gate[to_2[:4]], np.asarray(probs_BLE)[0, to_2[:4], 2], rtol=1e-6)
+
+
+def test_dropped_tokens_get_zero_ffn_output():
+    """Through the layer: with every token sent to one expert, tokens past its capacity get
+    exactly zero from the FFN (the residual alone carries them); the kept ones do not."""
+    cfg = tiny(expert_capacity_factor=1.0)  # capacity max(16 * 1 / 4, 4) = 4
+    x_BLD = jax.random.normal(KEY(1), (2, 16, 16))
+    layer, params = sparse_mlp(cfg, x_BLD)
+    params["router"]["kernel"] = jnp.zeros_like(params["router"]["kernel"]).at[:, 3].set(1.0)
+    x_BLD = jnp.abs(x_BLD)  # positive inputs: expert 3 wins for every token
+    y_BLD = np.asarray(layer.apply({"params": params}, x_BLD))
+    assert np.all(np.abs(y_BLD[:, :4]).sum(-1) > 0)
+    np.testing.assert_array_equal(y_BLD[:, 4:], 0.0)
+
+
+def test_top2_combine_weights_sum_to_one():
+    """GShard top-2 with room for everything: each token goes to two different experts whose
+    weights are its two largest router probabilities renormalised to sum to 1."""
+    probs_BLE = jax.nn.softmax(jax.random.normal(KEY(2), (3, 10, 5)) * 2)
+    combine_BLEC, _ = moe.top2_routing(probs_BLE, capacity=10)
+    c = np.asarray(combine_BLEC)
+    np.testing.assert_allclose(c.sum(axis=(2, 3)), 1.0, atol=1e-6)
+    experts_BLE = (c > 0).any(-1)
+    np.testing.assert_array_equal(experts_BLE.sum(-1), 2)
+    p = np.asarray(probs_BLE)
+    top2 = np.sort(p, -1)[..., -2:]
+    np.testing.assert_allclose(np.sort(c.sum(-1), -1)[..., -2:], top2 / top2.sum(-1, keepdims=True),
+                               rtol=1e-5)
+
+
+def test_top2_second_choices_queue_after_first_choices():
+    """An expert's buffer takes every first choice before any second choice."""
+    p = np.full((1, 6, 3), 0.05, np.float32)
+    p[0, :3, 0], p[0, :3, 1] = 0.6, 0.35  # tokens 0-2: first expert 0, second expert 1
+    p[0, 3:, 1], p[0, 3:, 2] = 0.6, 0.35  # tokens 3-5: first expert 1
+    combine_BLEC, _ = moe.top2_routing(jnp.asarray(p), capacity=4)
+    to_1 = np.asarray(combine_BLEC[0, :, 1] > 0)  # [L, C]
+    np.testing.assert_array_equal(to_1[3:].argmax(-1), [0, 1, 2])  # first choices first
+    np.testing.assert_array_equal(to_1[:3].any(-1), [True, False, False])  # one slot left
+
+
+def test_load_balancing_loss_formula():
+    """E^2 * mean_e(f_e * P_e) on a hand-made routing: 4 tokens over 2 experts, 3 choose
+    expert 0: f = (3/4, 1/4), P = the mean probabilities."""
+    p = jnp.asarray([[[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]]])
+    _, loss = moe.top1_routing(p, capacity=4)
+    f, P = np.array([0.75, 0.25]), np.array([0.65, 0.35])
+    np.testing.assert_allclose(float(loss), 4 * np.mean(f * P), rtol=1e-6)
+    _, loss2 = moe.top2_routing(p, capacity=4)  # top-2: f counts first choices only
+    np.testing.assert_allclose(float(loss2), float(loss), rtol=1e-6)
+    uniform = jnp.full((1, 8, 4), 0.25)
+    np.testing.assert_allclose(float(moe.load_balancing_loss(
+        uniform, jax.nn.one_hot(jnp.arange(8) % 4, 4)[None])), 1.0, rtol=1e-6)
+
+
+def test_aux_loss_reaches_the_training_loss():
+    """Every sparse layer sows weight * its loss; compute_loss adds their sum to the loss, and
+    micro-batches (with the full batch's normalisers) add up to the full batch's value."""
+    cfg = tiny(ffn_layer="moe", ffn_layer_every=2, moe_aux_loss_weight=0.5)
+    model = build_model(cfg)
+    batch = dummy_batch(cfg, 4, {"inputs": 8, "targets": 6})
+    rng = np.random.default_rng(0)
+    for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens"):
+        batch[k] = rng.integers(1, 64, batch[k].shape).astype(np.int32)
+    params = nn.meta.unbox(model.init(KEY(0), batch)["params"])
+    outputs = moe.apply_with_aux_loss(model, {"params": params}, batch)
+    layers = [(s, i) for s in ("encoder", "decoder") for i in range(2)
+              if "router" in params[s][f"layers_{i}"]["mlp"]]
+    assert layers == [("encoder", 1), ("decoder", 1)]  # every 2nd layer
+    _, sown = model.apply({"params": params}, batch, mutable=["aux_loss"])
+    per_layer = jax.tree.leaves(sown["aux_loss"])
+    assert len(per_layer) == 2 and all(float(x) > 0 for x in per_layer)
+    np.testing.assert_allclose(float(outputs["aux_loss"]), float(sum(per_layer)), rtol=1e-6)
+
+    class Cfg:  # the training config's loss fields (compute_loss reads cfg.train / cfg.model)
+        train = type("T", (), dict(loss_normalizing_factor=None, label_smoothing=0.0,
+                                   z_loss=0.0, aux_lm_weight=0.0))
+        model = cfg
+    plain = {k: v for k, v in outputs.items() if k != "aux_loss"}
+    loss, metrics = losses.compute_loss(Cfg, outputs, batch)
+    base, _ = losses.compute_loss(Cfg, plain, batch)
+    np.testing.assert_allclose(float(loss), float(base + outputs["aux_loss"]), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["moe_aux_loss"]), float(outputs["aux_loss"]))
+    norms = losses.normalizers(Cfg, batch)
+    halves = [{k: v[i::2] for k, v in batch.items()} for i in range(2)]
+    parts = [losses.compute_loss(Cfg, moe.apply_with_aux_loss(model, {"params": params}, h),
+                                 h, norms)[1]["moe_aux_loss"] for h in halves]
+    whole = np.mean([moe.apply_with_aux_loss(model, {"params": params}, h)["aux_loss"]
+                     for h in halves])
+    np.testing.assert_allclose(float(sum(parts)), whole, rtol=1e-6)
+
+
+def test_expert_weights_sharded_over_data_axis():
+    """8 host CPU devices, mesh data=4 x tensor=2: the experts' stacked kernels split their
+    expert axis over "data" (2 experts per device) and run a jitted sharded forward pass."""
+    cfg = tiny(num_experts=8, d_ff=32, ffn_layer="switch")
+    mesh = partitioning.make_mesh(type("M", (), dict(data=4, fsdp=1, tensor=2))(),
+                                  jax.devices()[:8])
+    model = build_model(cfg)
+    batch = dummy_batch(cfg, 4, {"inputs": 8, "targets": 6})
+    abstract = jax.eval_shape(functools.partial(model.init, deterministic=True), KEY(0), batch)
+    specs = nn.get_partition_spec(abstract)["params"]
+    shardings = partitioning.logical_sharding(specs, mesh)
+    wi = shardings["encoder"]["layers"]["mlp"]["wi"]
+    assert tuple(wi.spec)[:2] == (None, "data")  # [layers, expert, embed, mlp]
+    assert tuple(wi.spec)[3] == "tensor"
+    with partitioning.activate(mesh):
+        params = jax.jit(lambda k: nn.meta.unbox(model.init(k, batch)["params"]),
+                         out_shardings=shardings)(KEY(0))
+        logits = jax.jit(lambda p, b: model.apply({"params": p}, b)["logits"])(params, batch)
+    shard = params["encoder"]["layers"]["mlp"]["wi"].addressable_shards[0].data
+    assert shard.shape == (2, 2, 16, 16)  # 8 experts / 4, d_ff 32 / 2
+    assert np.isfinite(np.asarray(logits)).all()
+
+
+@pytest.mark.parametrize("capacity", [4, 16])
+def test_parity_with_hf_switch_sparse_mlp(capacity):
+    """transformers' SwitchTransformersSparseMLP and SparseMLP with the same weights give the
+    same output, dropped tokens included (HF's expert_capacity = our capacity)."""
+    torch = pytest.importorskip("torch")
+    from transformers import SwitchTransformersConfig
+    from transformers.models.switch_transformers import modeling_switch_transformers as hf
+    e, d, f, length = 4, 16, 32, 16
+    hf_cfg = SwitchTransformersConfig(d_model=d, d_ff=f, num_experts=e, expert_capacity=capacity,
+                                      router_jitter_noise=0.0, dropout_rate=0.0,
+                                      router_bias=False, dense_act_fn="relu")
+    torch.manual_seed(0)
+    theirs = hf.SwitchTransformersSparseMLP(hf_cfg).eval()
+    with torch.no_grad():
+        theirs.router.classifier.weight.mul_(30.0)  # confident, uneven routing
+    x = torch.randn(2, length, d)
+    with torch.no_grad():
+        want = theirs(x).numpy()
+    dropped = np.abs(want).sum(-1) == 0
+    assert dropped.any() == (capacity < length)  # capacity 4 overflows, 16 never does
+    cfg = tiny(d_model=d, d_ff=f, num_experts=e, expert_capacity_factor=capacity * e / length)
+    assert moe.expert_capacity(length, e, cfg.expert_capacity_factor) == capacity
+    experts = [theirs.experts[f"expert_{i}"] for i in range(e)]
+    stack = lambda name: jnp.stack([jnp.asarray(  # noqa: E731
+        getattr(m, name).weight.detach().numpy().T) for m in experts])
+    params = {"router": {"kernel": jnp.asarray(theirs.router.classifier.weight.detach().numpy().T)},
+              "wi": stack("wi"), "wo": stack("wo")}
+    got = moe.SparseMLP(cfg).apply({"params": params}, jnp.asarray(x.numpy()))
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
