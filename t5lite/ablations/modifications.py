@@ -272,6 +272,7 @@ TABLE = Table(
     bold_vs_baseline=True,
     lower_is_better=LOWER_IS_BETTER,
     paper_decimals=DECIMALS,
+    pretrain_columns=True,
     scale_overrides=(("paper", (), PAPER_FINETUNE),),
     scale_tasks=(("paper", ("super_glue", "wmt_ende_scratch")),),
 )

@@ -7,6 +7,7 @@ from typing import Optional
 
 from t5lite.ablations.files import join_path, read_json, row_dir
 from t5lite.ablations.paper import DOWNSTREAM
+from t5lite.ablations.pretrain_columns import KEYS as PRETRAIN_KEYS
 from t5lite.ablations.tables import Row, Table
 
 
@@ -34,7 +35,8 @@ def _metric_keys(done: dict) -> list[str]:
     other metric (not a benchmark member's: those are in its average)."""
     present = {k for res in done.values() for k in res["metrics"]
                if not k.endswith("/checkpoint_step")}
-    keys = [k for d in DOWNSTREAM.values() for k in d.metrics if k in present]
+    keys = [k for k in PRETRAIN_KEYS if k in present]
+    keys += [k for d in DOWNSTREAM.values() for k in d.metrics if k in present]
     keys += sorted(k for k in present if k not in keys and k.split("/")[0] not in DOWNSTREAM
                    and not any(k.startswith(m + "/") for d in DOWNSTREAM.values()
                                for m in d.members))
@@ -51,7 +53,10 @@ def _bold_rows(table: Table, done: dict, keys: list[str], paper_rows: list[Row])
                 if len(res.get("runs", {})) > 1}
         spread = stds.get(table.baseline) if table.baseline in stds else (
             sum(stds.values()) / len(stds) if stds else 0.0)
-        bold[k] = _bold_set(vals, spread)
+        if k.endswith("loss"):  # less is better: the best is the largest negated loss
+            bold[k] = _bold_set({n: -v for n, v in vals.items()}, spread)
+        else:
+            bold[k] = _bold_set(vals, spread)
     for i, c in enumerate(table.paper_columns):
         vals = {r.name: r.paper[i] for r in paper_rows if r.paper[i] is not None}
         bold[c] = (_beats_baseline(table, vals, c) if table.bold_vs_baseline

@@ -17,6 +17,7 @@ from t5lite.ablations.plan import (Stage, check_splits, check_tasks, default_tas
                                    eval_command_line, eval_overrides, eval_tasks, get_scale,
                                    per_checkpoint_selection, plan_members, plan_row,
                                    row_training_stages, training_stages)
+from t5lite.ablations.pretrain_columns import pretraining_metrics
 from t5lite.ablations.rendering import render, write_table
 from t5lite.ablations.tables import Row, Table, as_table
 from t5lite.errors import UserError
@@ -190,8 +191,9 @@ def _plan_seed(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale
     pre, fts = plan_row(table, row, workdir, tasks, scale, overrides, seed)
     lines = [eval_command_line(pre, ft, row.multitask, scale, per_checkpoint) for ft in fts]
     return training_stages(pre, fts, row), lines, lambda: {
-        k: v for ft in fts for k, v in _test(pre, ft, row.multitask, scale,
-                                             per_checkpoint).items()}
+        **(pretraining_metrics(pre) if table.pretrain_columns and pre else {}),
+        **{k: v for ft in fts for k, v in _test(pre, ft, row.multitask, scale,
+                                                per_checkpoint).items()}}
 
 
 def _run_seeds(table: Table, row: Row, workdir: str, tasks: Sequence[str], scale: str,

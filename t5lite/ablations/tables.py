@@ -57,6 +57,9 @@ class Table:
     bold_vs_baseline: bool = False
     lower_is_better: tuple = ()
     paper_decimals: tuple = ()  # ((column, decimals), ...) where not 2
+    # measure the pretraining run's parameters, steps/s and early / final loss too
+    # (ablations/pretrain_columns.py)
+    pretrain_columns: bool = False
     # per scale: (pretraining, finetuning) overrides after the table's own, e.g. the paper's
     # finetuning learning rate at --scale paper only
     scale_overrides: tuple = ()  # ((scale, (pretrain overrides), (finetune overrides)), ...)
