@@ -19,7 +19,7 @@ from t5lite import config as config_lib
 from t5lite.errors import UserError
 
 TABLES = ("table2", "table4", "table5", "table6", "table7", "table8", "table9", "table10",
-          "table11", "table12", "table13", "table4_bart")
+          "table11", "table12", "table13", "table4_bart", "modifications")
 
 
 def _plans(name, scale="tiny", tasks=("sentiment",)):

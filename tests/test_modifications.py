@@ -138,7 +138,8 @@ def test_block_shared_decoder_decodes_with_one_cache_per_layer():
     full = model.apply({"params": params}, batch)["logits"]
     cache = init_cache(model, params, 2, 8, batch["encoder_input_tokens"])
     encoded = encode(model, params, batch)
-    logits, _ = model.apply({"params": params, "cache": cache}, batch["decoder_input_tokens"][:, :1],
+    logits, _ = model.apply({"params": params, "cache": cache},
+                            batch["decoder_input_tokens"][:, :1],
                             encoded, batch["encoder_input_tokens"], decode=True,
                             method=lambda m, *a, **k: m.decode(*a, **k), mutable=["cache"])
     np.testing.assert_allclose(logits[:, 0], full[:, 0], rtol=1e-4, atol=1e-4)
@@ -210,7 +211,8 @@ COUNT_EXEMPT = ("universal_transformer",) + tuple(
                                   if r.name not in COUNT_EXEMPT])
 def test_rows_have_the_papers_parameter_count_at_paper_scale(name):
     """Every row of this file at the paper's size has its Table 1 parameter count (within
-    3% or the paper's 1M precision): the depth rows keep 223M, sharing and factorizing remove what the paper removes."""
+    3% or the paper's 1M precision): the depth rows keep 223M, sharing and factorizing
+    remove what the paper removes."""
     row = TABLE.row(name)
     n = layerwise_counts(_paper_scale_cfg(row))[0] / 1e6
     # the paper prints whole millions
