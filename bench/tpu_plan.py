@@ -4,9 +4,9 @@
     python bench/tpu_plan.py [--rows t5_1_1_small gpt2_small ...] [--jsonl bench/tpu_plan.jsonl]
 
 Each row: the slice, the mesh, per-chip GiB (XLA's memory_analysis) next to the analytic
-minimum, fits, compiled vs model FLOPs, the roofline's estimated MFU. Results are appended to
-the JSONL file as each compile finishes (big presets take many minutes on 2 cores) and
-TPU_PLAN.md is re-rendered from it, so rows never compiled say so.
+minimum, fits, compiled vs model FLOPs, the roofline bound and the expected MFU. Results
+are appended to the JSONL file as each compile finishes (big presets take many minutes on 2
+cores) and TPU_PLAN.md is re-rendered from it, so rows never compiled say so.
 
 Analytic minimum per chip: t5lite.tpu.memory.analytic_bytes (state + saved activations by remat
 policy + one layer's working set + logits), in every compile report.
@@ -147,14 +147,20 @@ def render(jsonl: str, out: str) -> None:
         "0.0.42.1, no TPU). Per chip; GiB = 2^30 bytes. *min* = params + grads + optimizer "
         "state + the activations the remat policy saves + one layer's working set + logits "
         "(t5lite.tpu.memory.analytic_bytes). FLOPs: compiled (the HLO's matmuls, every loop x its "
-        "trip count) / model (3 x forward matmuls, + remat recompute). MFU: roofline "
-        "estimate from the chip table in t5lite/tpu/topology.py: the largest of FLOPs / peak, HBM "
-        "bytes / bandwidth (operands in VMEM excluded), collective bytes / ICI bandwidth and "
-        "the sum of every instruction's own roofline (`roofline_seconds` in the JSON). "
+        "trip count) / model (3 x forward matmuls, + remat recompute). Two step times from "
+        "the chip table in t5lite/tpu/topology.py: the *roofline bound* (no step runs faster: "
+        "the largest of FLOPs / peak, HBM bytes / bandwidth (operands in VMEM excluded), "
+        "collective bytes / the chip's whole ICI bandwidth and the sum of every instruction's "
+        "own roofline; `roofline_seconds` in the JSON) and the *expected* step "
+        "(t5lite/tpu/step_time.py: the compiled schedule replayed on the slice's torus, "
+        "collectives on the links their groups span, the ones not hidden behind compute "
+        "added; bench/RESULTS.md checks it against published MaxText MFU). Rows compiled "
+        "before the expected step existed show the bound only. "
         "Compiled with `mesh.collective_matmul=false` (the default; README).",
         "",
         "| preset | slice | mesh | remat | batch | GiB/chip (params+opt / temp / total) | "
-        "min GiB | HBM | fits | compiled / model FLOPs | est. step | est. MFU | compile |",
+        "min GiB | HBM | fits | compiled / model FLOPs | bound: step / MFU | "
+        "expected: step / MFU | compile |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, (topology, sets) in ROWS.items():
@@ -181,8 +187,7 @@ def render(jsonl: str, out: str) -> None:
             f"{g(mn)} | {g(r['hbm_bytes_per_chip'])} | "
             f"{'yes' if r['fits'] else 'NO'} | {r['flops_per_chip']:.3g} / "
             f"{r['model_flops_with_remat_per_chip']:.3g} ({ratio:.2f}) | "
-            f"{r['est_step_seconds'] * 1e3:.0f} ms ({r['bound']}) | {r['est_mfu']:.0%} | "
-            f"{r['compile_seconds']:.0f} s |")
+            f"{_figures(r)} | {r['compile_seconds']:.0f} s |")
     lines += ["", "Commands (each row is `t5lite compile` with these flags):", ""]
     for name in ROWS:
         if name in done:
@@ -199,7 +204,7 @@ def render(jsonl: str, out: str) -> None:
               "figure libtpu's own HBM check compares; *temp* = the temporaries live at it). "
               "XLA's `temp_size_in_bytes` (`xla_temp` in the JSON) is larger on scanned "
               "steps; rows before session 16 added it to the arguments and are not shown.", "",
-              "Caveats: the roofline is an estimate: "
+              "Caveats: the bound and the expected step are models: "
               "HBM bytes are the compiled HLO's top-level instructions' reads and writes "
               "outside VMEM (hlo_cost.hlo_costs), with no cache or overlap effects beyond the "
               "per-instruction sum."]
@@ -220,7 +225,8 @@ def main():
             print(f"compiling {name} for {ROWS[name][0]} ...", flush=True)
             r = run_row(name)
             print(f"  {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, fits {r['fits']}, "
-                  + (f"est MFU {r['est_mfu']:.1%}, " if r["compiled"] else "XLA out of HBM, ")
+                  + (f"expected MFU {r['expected_mfu']:.1%}, " if r["compiled"]
+                     else "XLA out of HBM, ")
                   + f"{r['compile_seconds']:.0f} s", flush=True)
             with open(args.jsonl, "a") as f:
                 f.write(json.dumps(r, default=str) + "\n")

@@ -315,7 +315,12 @@ def _check_common(r, name, chips, *extra):
     assert r["model_flops_per_chip"] <= 1.01 * r["flops_per_chip"]
     assert r["flops_per_chip"] <= 1.01 * r["model_flops_with_remat_per_chip"]
     assert r["loop_scale"] > 1.2  # 2 scanned layers a stack: XLA counts the loop body once
-    assert r["est_step_seconds"] > 0 and 0 < r["est_mfu"] < 1
+    # two figures: the roofline bound, and the expected step (step_time.py) never below it
+    assert 0 < r["roofline_step_seconds"] <= r["expected_step_seconds"]
+    assert 0 < r["expected_mfu"] <= r["roofline_mfu"] < 1
+    assert r["expected_seconds"]["compute"] == pytest.approx(r["roofline_seconds"]["ops"])
+    assert r["tokens_per_step"] == pytest.approx(
+        r["expected_tokens_per_s"] * r["expected_step_seconds"])
 
 
 def test_t5_fsdp_on_v5e():
@@ -326,6 +331,13 @@ def test_t5_fsdp_on_v5e():
     assert full / 4 <= r["bytes_per_chip"]["params"] <= 1.1 * full / 4  # sharded along embed
     assert "all-gather" in r["collectives"]  # fsdp gathers the parameters
     assert r["collective_bytes_per_chip"] > 0
+    # t5lite's default XLA options leave the fsdp collectives blocking: the expected step
+    # adds their time on the 2x2 mesh's links (slower than the bound's whole-chip ICI)
+    assert r["expected_collectives"]["sync"] > 0
+    assert r["expected_seconds"]["exposed_collectives"] > 0
+    assert r["expected_seconds"]["collectives"] > r["roofline_seconds"]["ici"]
+    text = report.format_report(r)
+    assert "roofline bound" in text and "expected step" in text and "est." not in text
 
 
 def test_flat_kernels_are_not_padded_on_tpu():
@@ -369,7 +381,8 @@ def test_json_has_the_agreed_keys(capsys):
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     for k in ("topology", "chips", "mesh", "fits", "hbm_bytes_per_chip", "bytes_per_chip",
-              "flops_per_chip", "model_flops_per_chip", "est_step_seconds", "est_mfu",
+              "flops_per_chip", "model_flops_per_chip", "roofline_step_seconds",
+              "roofline_mfu", "expected_step_seconds", "expected_mfu", "expected_seconds",
               "collectives"):
         assert k in r
     assert set(r["bytes_per_chip"]) >= {"params", "opt_state", "temp", "total"}
@@ -431,7 +444,7 @@ def test_search_ranks_fitting_meshes_and_says_why_none_fits(capsys):
     res = search.search(cfg, topo, hbm_bytes=(full + none) // 2, log=lambda s: None, max_accum=1)
     assert res["best"] is not None and res["best"]["fits"]
     assert res["best"]["remat"] in ("minimal", "full")
-    assert all(a["est_step_seconds"] <= b["est_step_seconds"]
+    assert all(a["expected_step_seconds"] <= b["expected_step_seconds"]
                for a, b in zip(res["candidates"], res["candidates"][1:]))
     # the command: one JSON object on stdout, the candidates' log on stderr
     args = ["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-1", "--search",

@@ -63,10 +63,13 @@ def fit_check(args, accelerator_type: str) -> None:
     used = f"{_gib(per_chip.get('total', 0))} of {_gib(hbm)} GiB HBM per chip"
     if report.get("fits"):
         extra = ""
-        if report.get("est_step_seconds"):
-            extra = f"; estimated step {report['est_step_seconds']:.3g} s"
-        if report.get("est_mfu"):
-            extra += f", MFU {100 * report['est_mfu']:.0f}%"
+        # expected_*: t5lite compile's expected step; est_*: an older compile's bound
+        step = report.get("expected_step_seconds") or report.get("est_step_seconds")
+        mfu = report.get("expected_mfu") or report.get("est_mfu")
+        if step:
+            extra = f"; expected step {step:.3g} s"
+        if mfu:
+            extra += f", MFU {100 * mfu:.0f}%"
         note(f"fit check: fits {accelerator_type}: {used}{extra}")
         return
     if report.get("compiled") is False:

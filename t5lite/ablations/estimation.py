@@ -10,6 +10,7 @@ from t5lite.ablations.plan import (Stage, check_tasks, default_tasks,
 from t5lite.ablations.tables import Table, as_table
 from t5lite.errors import UserError
 from t5lite.monitor import flops as flops_lib
+from t5lite.tpu import report as tpu_report
 
 
 def _compile_report(stage: Stage, topology: str, cache: dict) -> dict:
@@ -40,7 +41,7 @@ def _compile_report(stage: Stage, topology: str, cache: dict) -> dict:
 
 def _chip_seconds(table: Table, row_name: str, stages: list[Stage], topology: str,
                   cache: dict) -> float:
-    """Chips x estimated step seconds x steps, summed over the stages."""
+    """Chips x expected step seconds x steps, summed over the stages."""
     seconds = 0.0
     for st in stages:
         report = _compile_report(st, topology, cache)
@@ -49,8 +50,8 @@ def _chip_seconds(table: Table, row_name: str, stages: list[Stage], topology: st
                             f"{topology} ({report.get('bytes_per_chip', {}).get('total')} "
                             f"bytes per chip); try a larger topology or --set "
                             "mesh / remat settings.")
-        seconds += ((st.cfg.train.steps - st.start) * float(report["est_step_seconds"])
-                    * int(report["chips"]))
+        step, _ = tpu_report.step_figures(report)  # the expected step
+        seconds += (st.cfg.train.steps - st.start) * float(step) * int(report["chips"])
     return seconds
 
 
@@ -74,7 +75,7 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
              scale: str = "paper", overrides: Sequence[str] = (), seeds: int = 1,
              topology: str = "") -> dict:
     """Steps and tokens of every training stage of the rows (x seeds), and with ``topology``
-    the estimated TPU-hours from the AOT compile (chips x est_step_seconds x steps); prints a
+    the estimated TPU-hours from the AOT compile (chips x expected_step_seconds x steps); prints a
     table; -> {"rows": {row: {...}}, "total": {...}}. Evaluation is not counted."""
     table = as_table(table)
     selected = [table.row(r) for r in rows] if rows else list(table.rows)

@@ -108,7 +108,8 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
         elif res["best"]:
             out("fitting, fastest first:")
             for r in res["candidates"]:
-                out(f"  {r['est_step_seconds'] * 1e3:8.2f} ms  est MFU {r['est_mfu']:.1%}  "
+                out(f"  {r['expected_step_seconds'] * 1e3:8.2f} ms  expected MFU "
+                    f"{r['expected_mfu']:.1%} (bound {r['roofline_mfu']:.1%})  "
                     f"{r['bytes_per_chip']['total'] / tpu_topology.GiB:6.2f} GiB  --set "
                     + " --set ".join(r["set"]))
             out(report.format_report(res["best"]))

@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_train)
 
     sp = add("compile", "compile the train step for a TPU slice on this host (needs libtpu, "
-             "no TPU): fits in HBM? est. step time and MFU")
+             "no TPU): fits in HBM? roofline bound and expected step time and MFU")
     sp.add_argument("--config", required=True,
                     help="configs/NAME.py, a path, or a bare config name")
     add_set(sp)
@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--search", action="store_true",
                     help="try (data, fsdp, tensor) meshes, remat policies and micro-batch "
-                         "counts; rank those that fit by estimated step time")
+                         "counts; rank those that fit by expected step time")
     sp.add_argument("--hbm-gib", type=float, default=0.0,
                     help="HBM per chip to fit into (default 0: the chip's; lower it for "
                     "headroom)")

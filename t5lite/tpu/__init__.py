@@ -1,5 +1,6 @@
 """Compiling for a TPU slice on any host (libtpu, no TPU needed). One concern per module,
-imports downward: topology <- hlo_cost, memory <- compile <- search; report formats results.
+imports downward: topology <- hlo_cost <- step_time, memory <- compile <- search; report formats
+results.
 
 Public entry points:
 - `topology.parse_topology(name) -> Topology`, `topology.abstract_devices(topo)`,
@@ -14,8 +15,10 @@ Public entry points:
 - `report.format_report(r)` / `report.format_decode_report(r)`: the text `t5lite compile`
   prints;
 - `hlo_cost.hlo_costs(hlo_text, chip)`, `hlo_cost.roofline_seconds(hlo, chip)`: costs of a
-  compiled HLO module; `memory.memory_bytes(mem)` / `memory.analytic_bytes(...)`: per-chip
-  memory of a compiled program and the shapes' floor;
+  compiled HLO module and the roofline bound; `step_time.expected_step(hlo_text, chip, shape,
+  coords)`: the expected step (the schedule replayed on the slice's torus);
+  `memory.memory_bytes(mem)` / `memory.analytic_bytes(...)`: per-chip memory of a compiled
+  program and the shapes' floor;
 - `advice.mesh_advice(mesh, params_per_chip, opt_per_chip, hbm_bytes=0)`: the one line
   `t5lite compile` and `t5lite train` print when a mesh copies multi-GB training state on
   every chip of the data axis (no jax at import; the trainer calls it);

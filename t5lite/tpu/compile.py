@@ -4,8 +4,9 @@
 Path: topology -> abstract TPU devices (topology.abstract_devices, needs libtpu) -> the
 config's (data, fsdp, tensor) mesh over them -> trainer.make_train_step(...).jitted traced with
 ShapeDtypeStructs carrying NamedShardings -> lower -> compile -> memory_analysis (per chip,
-memory.py), cost_analysis and the compiled HLO (hlo_cost.py) -> a roofline from the chip
-table. (MaxText's train_compile.py is the precedent.)
+memory.py), cost_analysis and the compiled HLO (hlo_cost.py) -> a roofline bound from the chip
+table and the expected step (step_time.py: the scheduled HLO replayed on the slice's torus).
+(MaxText's train_compile.py is the precedent.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 import time
 
 from t5lite.monitor import flops as flops_lib
-from t5lite.tpu import advice, hlo_cost, memory
+from t5lite.tpu import advice, hlo_cost, memory, step_time
 from t5lite.tpu.topology import Topology, abstract_devices
 
 _CACHE: dict = {}  # (config JSON, topology) -> report: --search revisits configs
@@ -122,7 +123,8 @@ def _cost_analysis(compiled) -> dict:
 
 
 def _compiled_fields(cfg, topo, mesh, abstract, traced, compiled, model_flops) -> dict:
-    """Memory, FLOPs, bytes, collectives and the roofline of a compiled step.
+    """Memory, FLOPs, bytes, collectives, the roofline bound and the expected time of a
+    compiled step.
 
     FLOPs, HBM bytes and the per-instruction roofline count every while loop's trip count,
     read from the compiled HLO (XLA's cost_analysis counts a loop body once, and on TPU it
@@ -131,13 +133,19 @@ def _compiled_fields(cfg, topo, mesh, abstract, traced, compiled, model_flops) -
     dots, counted exactly."""
     cost = _cost_analysis(compiled)
     chip = topo.chip
-    hlo = hlo_cost.hlo_costs(compiled.as_text(), chip)
+    text = compiled.as_text()
+    hlo = hlo_cost.hlo_costs(text, chip)
     params = memory.leaf_bytes(abstract.params)
     opt = memory.leaf_bytes(abstract.opt_state)
     mem_bytes = memory.memory_bytes(compiled.memory_analysis())
     times = hlo_cost.roofline_seconds(hlo, chip)
-    est = max(times.values())
+    bound = max(times.values())
+    coords = [getattr(d, "coords", None) for d in mesh.devices.flat]
+    exp = step_time.expected_step(text, chip, topo.shape,
+                                  coords if None not in coords else None)
+    expected = max(exp["seconds"], bound)  # never below the bound (prefetch DMAs are in it)
     model_per_chip = model_flops / mesh.size
+    tokens = flops_lib.tokens_per_step(cfg)
     floor = memory.analytic_bytes(cfg, dict(mesh.shape), params, opt)
     return {
         "bytes_per_chip": dict({"params": params, "opt_state": opt}, **mem_bytes),
@@ -156,9 +164,17 @@ def _compiled_fields(cfg, topo, mesh, abstract, traced, compiled, model_flops) -
         "collective_bytes_per_chip": sum(c["bytes"] for c in hlo["collectives"].values()),
         "roofline_seconds": times,
         "bound": hlo_cost.roofline_bound(times, hlo["op_seconds_hbm_bound"]),
-        "est_step_seconds": est,
-        "est_tokens_per_s": flops_lib.tokens_per_step(cfg) / est if est else 0.0,
-        "est_mfu": model_per_chip / (est * chip.peak_flops) if est else 0.0,
+        "roofline_step_seconds": bound,
+        "roofline_tokens_per_s": tokens / bound if bound else 0.0,
+        "roofline_mfu": model_per_chip / (bound * chip.peak_flops) if bound else 0.0,
+        "expected_seconds": {"compute": exp["compute_seconds"],
+                             "collectives": exp["collective_seconds"],
+                             "exposed_collectives": exp["exposed_seconds"]},
+        "expected_collectives": {"sync": exp["sync_collectives"],
+                                 "async": exp["async_collectives"]},
+        "expected_step_seconds": expected,
+        "expected_tokens_per_s": tokens / expected if expected else 0.0,
+        "expected_mfu": model_per_chip / (expected * chip.peak_flops) if expected else 0.0,
     }
 
 
@@ -182,7 +198,9 @@ def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict
         "loop_scale": None, "bytes_accessed_per_chip": None,
         "xla_bytes_accessed_per_chip": None,
         "collectives": {}, "collective_bytes_per_chip": None, "roofline_seconds": {},
-        "bound": None, "est_step_seconds": None, "est_tokens_per_s": None, "est_mfu": None,
+        "bound": None, "roofline_step_seconds": None, "roofline_tokens_per_s": None,
+        "roofline_mfu": None, "expected_seconds": {}, "expected_collectives": {},
+        "expected_step_seconds": None, "expected_tokens_per_s": None, "expected_mfu": None,
         "compile_seconds": seconds})
 
 

@@ -26,6 +26,8 @@ _SHAPE_LAYOUT = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\](?:\
 _SPACE = re.compile(r"S\((\d+)\)")
 _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+# a Pallas kernel's own statement of its cost (pl.CostEstimate) in its custom call's config
+_KERNEL_COST = re.compile(r'"cost_estimate":\{"flops":"?(\d+)"?.*?"bytes_accessed":"?(\d+)"?')
 
 
 def _shape_bytes(text: str) -> int:
@@ -263,6 +265,18 @@ def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: 
     return read + max(written, 0)
 
 
+def fused_collective(comps: dict, fused: str):
+    """(kind, result text, operands, channel id) of the collective inside fused computation
+    ``fused`` (an async collective fusion's start, done or a compute fusion it runs beside),
+    or None."""
+    for line in comps.get(fused, []):
+        d = _DEF.match(line)
+        if d and d.group(3) in _COLLECTIVES:
+            channel = re.search(r"channel_id=(\d+)", line)
+            return (d.group(3), d.group(2), _operands(line, d.end()),
+                    int(channel.group(1)) if channel else -1)
+    return None
+
 
 def _split_tuple(text: str) -> list:
     return [s for s in re.split(r",\s*(?![^\[]*\])", text.strip("()")) if s]
@@ -291,6 +305,8 @@ class _ModuleCost:
     def __init__(self, comps: dict, results: dict, chip):
         self.comps, self.results, self.chip = comps, results, chip
         self.memo = {}
+        self.op_seconds = {}  # (computation, instruction) -> its own roofline (step_time reads)
+        self.chains = {}  # computation -> channel ids of the collective fusions counted there
 
     def cost(self, name: str, fused: bool) -> dict:
         if (name, fused) in self.memo:
@@ -313,6 +329,10 @@ class _ModuleCost:
             op_flops = _conv_flops(line, self.results, ops, out_text)
         elif kind == "dot":
             op_flops = _dot_flops(line, self.results, ops, out_text)
+        kernel = _KERNEL_COST.search(line) if kind == "custom-call" else None
+        if kernel:  # XLA's cost analysis cannot see inside a kernel: count what it declares
+            op_flops = int(kernel.group(1))  # (flash attention: analytic, flash_attention.py)
+            _add(total, {"kernel_flops": op_flops, "kernel_bytes": int(kernel.group(2))})
         if op_flops:
             _add(total, {"matmul_flops": op_flops, "matmul_flops_once": op_flops})
         if kind == "while":
@@ -334,12 +354,21 @@ class _ModuleCost:
         if base in _COLLECTIVES and not kind.endswith("-done"):
             nbytes = _collective_bytes(base, kind, out_text, ops, self.results)
             _add(total, {f"coll:{base}:count": 1, f"coll:{base}:bytes": nbytes})
+        inner = fused_collective(self.comps, called.group(1)) if kind == "fusion" and called \
+            else None
+        if inner and inner[3] not in self.chains.setdefault(caller, set()):
+            # an async collective fusion: start, the compute fusions it runs beside and done
+            # each hold the collective (one channel id); it moves its bytes once
+            self.chains[caller].add(inner[3])
+            nbytes = _collective_bytes(inner[0], inner[0], inner[1], inner[2], self.results)
+            _add(total, {f"coll:{inner[0]}:count": 1, f"coll:{inner[0]}:bytes": nbytes})
         if kind in _NO_TRAFFIC or kind.endswith("-done"):
             return
-        nbytes = self._traffic(kind, called, ops, out_text)
+        nbytes = int(kernel.group(2)) if kernel else self._traffic(kind, called, ops, out_text)
         _add(total, {"bytes": nbytes, "bytes_once": nbytes})
         if self.chip is not None and base not in _COLLECTIVES and kind != "copy-start":
             t_flops, t_hbm = op_flops / self.chip.peak_flops, nbytes / self.chip.hbm_bw
+            self.op_seconds[caller, d.group(1)] = max(t_flops, t_hbm)
             _add(total, {"op_seconds": max(t_flops, t_hbm),
                          "op_seconds_hbm_bound": t_hbm if t_hbm > t_flops else 0.0})
 
@@ -397,7 +426,10 @@ def hlo_costs(hlo_text: str, chip=None) -> dict:
       (an all-gather's gathered result, a reduce-scatter's full operand); an all-reduce counts
       twice (reduce-scatter + all-gather);
     - ``matmul_flops_once`` / ``bytes_once``: the same with every loop body counted once (what
-      cost_analysis sees)."""
+      cost_analysis sees);
+    - ``kernel_flops`` / ``kernel_bytes``: the part of ``matmul_flops`` / ``bytes`` that Pallas
+      kernels declare for themselves (their custom calls' cost estimates, e.g. flash
+      attention's analytic count), included above."""
     comps, entry, results = _parse_hlo(hlo_text)
     c = _ModuleCost(comps, results, chip).cost(entry, False)
     coll = {}
@@ -408,7 +440,8 @@ def hlo_costs(hlo_text: str, chip=None) -> dict:
     return {"matmul_flops": c.get("matmul_flops", 0), "bytes": c.get("bytes", 0),
             "matmul_flops_once": c.get("matmul_flops_once", 0),
             "bytes_once": c.get("bytes_once", 0), "op_seconds": c.get("op_seconds", 0.0),
-            "op_seconds_hbm_bound": c.get("op_seconds_hbm_bound", 0.0), "collectives": coll}
+            "op_seconds_hbm_bound": c.get("op_seconds_hbm_bound", 0.0), "collectives": coll,
+            "kernel_flops": c.get("kernel_flops", 0), "kernel_bytes": c.get("kernel_bytes", 0)}
 
 
 def hlo_collectives(hlo_text: str) -> dict:

@@ -1,4 +1,5 @@
-"""The text `t5lite compile` prints for a train step's or a decoding program's report."""
+"""The text `t5lite compile` prints for a train step's or a decoding program's report, and
+the step figures read from a report of any version (`step_figures`)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,36 @@ def format_report(r: dict) -> str:
         "collectives per chip: " + (", ".join(
             f"{k} {v['count']}x {v['bytes'] / 1e6:.1f} MB" for k, v in
             sorted(r["collectives"].items())) or "none"),
-        "roofline: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in
-                                 r["roofline_seconds"].items())
-        + f" -> est. step {r['est_step_seconds'] * 1e3:.2f} ms ({r['bound']}-bound), "
-        f"{r['est_tokens_per_s']:.3g} tokens/s, MFU {r['est_mfu']:.1%}",
+        "roofline bound: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in
+                                       r["roofline_seconds"].items())
+        + f" -> step >= {r['roofline_step_seconds'] * 1e3:.2f} ms ({r['bound']}-bound), "
+        f"MFU <= {r['roofline_mfu']:.1%}",
+        expected_line(r),
         f"compiled in {r['compile_seconds']:.0f} s",
     ]
     return "\n".join(lines)
+
+
+def expected_line(r: dict) -> str:
+    """The expected step (step_time.py) and what it adds to the instructions' own time."""
+    e, c = r["expected_seconds"], r["expected_collectives"]
+    return (f"expected step {r['expected_step_seconds'] * 1e3:.2f} ms: instructions "
+            f"{e['compute'] * 1e3:.2f} ms + collectives not hidden behind compute "
+            f"{e['exposed_collectives'] * 1e3:.2f} ms (of {e['collectives'] * 1e3:.2f} ms on "
+            f"the torus links; {c['async']} async, {c['sync']} blocking), "
+            f"{r['expected_tokens_per_s']:.3g} tokens/s, MFU {r['expected_mfu']:.1%}")
+
+
+def step_figures(r: dict) -> tuple:
+    """(expected step seconds, expected MFU) of a report, also from one written before the
+    expected figures existed (then its roofline ``est_*`` values, a bound); (None, None) when
+    nothing was compiled."""
+    for seconds, mfu in (("expected_step_seconds", "expected_mfu"),
+                         ("roofline_step_seconds", "roofline_mfu"),
+                         ("est_step_seconds", "est_mfu")):
+        if r.get(seconds) is not None:
+            return r[seconds], r.get(mfu)
+    return None, None
 
 
 def format_decode_report(r: dict) -> str:

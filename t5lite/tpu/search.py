@@ -1,5 +1,5 @@
 """`t5lite compile --search`: meshes x remat policies x micro-batch counts compiled for a
-slice, the fitting ones ranked by estimated step time."""
+slice, the fitting ones ranked by expected step time (step_time.py)."""
 
 from __future__ import annotations
 
@@ -51,14 +51,14 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
             tried.append(r)
             log(f"  {' '.join(sets)}: {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, "
                 f"{'fits' if r['fits'] else 'does not fit'}"
-                + (f", est {r['est_step_seconds']:.3g} s" if r["compiled"] else
+                + (f", expected {r['expected_step_seconds']:.3g} s" if r["compiled"] else
                    " (XLA: out of HBM)"))
             if r["fits"]:
                 fitting.append(r)
                 break
         else:
             continue
-    fitting.sort(key=lambda r: r["est_step_seconds"])
+    fitting.sort(key=lambda r: r["expected_step_seconds"])
     why = ""
     if not fitting:
         compiled = [r for r in tried if "fits" in r]
