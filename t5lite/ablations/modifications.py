@@ -21,10 +21,8 @@ Step/s (pretraining steps per second on its TPU slice), Early loss (mean over 5 
 65,536 steps; EARLY_LOSS_STD holds its standard deviation), Final loss (524,288 steps),
 SGLUE (SuperGLUE average), XSum (ROUGE-2), WebQ (accuracy), WMT EnDe (BLEU, no pretraining).
 
-Other rows (mixture of experts, Switch, product key memory, Funnel, weighted Transformer,
-transparent attention; the Synthesizers, convolutions, Evolved Transformer, adaptive softmax
-and inputs, mixture of softmaxes) add their Row to ROWS below with the paper's numbers from
-PAPER.
+The architecture rows' layers live in t5lite/models/ (the comment above each row names the
+reference gin it follows).
 """
 
 from __future__ import annotations
@@ -176,6 +174,8 @@ BLOCK_SHARING = ("model.share_encoder_block=True", "model.share_decoder_block=Tr
 UNTIED_SOFTMAX = ("model.tie_embeddings=False",)
 FACTORIZED = ("model.factorized_embed_dim:=min(128, cfg.model.d_model)",)
 SOFTMAX_CLUSTERS = (2500, 6000, 23500, 128)  # the last: the sentinels (extra ids)
+MOE = ("model.num_experts=32",
+       "model.ffn_layer_every:=max(1, cfg.model.num_encoder_layers // 3)")
 SYNTHESIZERS = (("dense", "dense"), ("dense_plus", "dense plus"),
                 ("dense_plus_alpha", "dense plus alpha"), ("factorized", "factorized"),
                 ("random", "random"), ("random_plus", "random plus"),
@@ -236,6 +236,9 @@ ROWS = (
     _row("mixture_of_softmaxes", "Mixture of softmaxes",
          ("model.output_softmax=mixture", "model.mos_components=15")),
     # architectures
+    # each decoder layer cross-attends to its own softmax-weighted sum of the embeddings and
+    # every encoder layer's output (models/transparent.py)
+    _row("transparent_attention", "Transparent attention", ("model.transparent_attention=True",)),
     # the reference's convolutions: one kernel per channel (conv_heads=0: its gin's
     # num_unique_depth_filters never reaches the layer), 9 taps (encoder -4..4, decoder -8..0);
     # the dynamic row's d_ff 512 is its gin's
@@ -251,6 +254,33 @@ ROWS = (
                (f"model.attention_type=synthesizer_{key}",)) for key, label in SYNTHESIZERS) + (
     _row("universal_transformer", "Universal Transformer",
          BLOCK_SHARING + UNTIED_SOFTMAX + ("model.universal_steps=24",)),
+    # the gins (mixture_of_experts.gin, switch_transformer.gin): 32 experts in the FFN of every
+    # 4th layer of both stacks (3 of 12; every layer when a stack has fewer than 6), GShard
+    # top-2 with experts of d_ff / 2 (FLOP-matched) and capacity factor 2, or top-1 with full
+    # experts, capacity factor 1.2 and a 1e-2 multiplicative router jitter; load-balancing
+    # loss weight 1e-2 (Mesh TensorFlow's default)
+    _row("mixture_of_experts", "Mixture of experts", MOE + (
+        "model.ffn_layer=moe", "model.expert_capacity_factor=2.0",
+        "model.expert_d_ff:=max(1, cfg.model.d_ff // 2)")),
+    _row("switch_transformer", "Switch Transformer", MOE + (
+        "model.ffn_layer=switch", "model.expert_capacity_factor=1.2",
+        "model.router_jitter=0.01")),
+    # funnel_transformer.gin: the 12 encoder layers in 3 blocks of 4, mean-pooled by 2 at the
+    # start of the 2nd and 3rd; no packing ("not supported for Funnel Transformer")
+    _row("funnel_transformer", "Funnel Transformer", (
+        "model.funnel_blocks:=[b for b in [cfg.model.num_encoder_layers // 3 + "
+        "(cfg.model.num_encoder_layers % 3 > 0), cfg.model.num_encoder_layers // 3 + "
+        "(cfg.model.num_encoder_layers % 3 > 1), cfg.model.num_encoder_layers // 3] if b]",
+        "data.pack=False")),
+    # branched attention (self and cross) with the FFN inside; the gin's separate learning-rate
+    # schedule for kappa / alpha (slanted triangular, cut off for the last 10k steps) is not
+    # reproduced: they train with the model's schedule
+    _row("weighted_transformer", "Weighted Transformer", ("model.weighted_transformer=True",)),
+    # product_key_memory.gin: the memory replaces the FFN of the decoder's 11th of 12 layers;
+    # Lample et al.'s 512^2 slots of d_model values, 4 heads, 32 slots read, 512-wide keys
+    _row("product_key_memory", "Product key memory", (
+        "model.ffn_layer=pkm", "model.ffn_layer_stacks=decoder", "model.ffn_layer_at=(-2,)",
+        "model.pkm_keys=512", "model.pkm_heads=4", "model.pkm_knn=32", "model.pkm_key_dim=512")),
 )
 
 TABLE = Table(

@@ -164,6 +164,8 @@ def layerwise_counts(cfg) -> tuple[int, int]:
     stack (nn.scan's lifting), and `t5lite models` traces every config.
     """
     cfg = _model_cfg(cfg)
+    if not layer_plan.layers_alike(cfg):  # a mixture-of-experts / PKM / Funnel stack
+        return _counts(abstract_params(cfg))
     depth = {"encoder": cfg.num_encoder_layers, "decoder": cfg.num_decoder_layers,
              # ELECTRA's generator stack (models/electra.py): its own depth
              "generator": cfg.electra.generator_layers or cfg.num_encoder_layers}

@@ -77,3 +77,15 @@ def core_modules(cfg, modules):
     if cfg.weighted_transformer:
         return modules._replace(attention=BranchedAttention)
     return modules
+
+
+def layers_alike(cfg) -> bool:
+    """Every layer of each stack has the same parameters (a stack's count is one layer's times
+    its depth; Funnel blocks need their whole depth to validate)."""
+    if cfg.funnel_blocks:
+        return False
+    for kind, depth in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_decoder_layers)):
+        fields = layer_fields(cfg, kind, depth)
+        if any(f != fields[0] for f in fields):
+            return False
+    return True
