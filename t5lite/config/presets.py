@@ -72,7 +72,7 @@ SLICES = {
                "11b": Slice("v5p-128", "full")},
     "t5_1_1": {"tiny": TINY, "small": Slice("v5p-8"), "base": Slice("v5p-8"),
                "large": Slice("v5p-16"), "xl": Slice("v5p-64", batch=256),
-               "xxl": Slice("v5p-256", "full", batch=256)},
+               "xxl": Slice("v5p-256", batch=256)},
     "bert": {"tiny": TINY, "base": Slice("v5p-8"), "large": Slice("v5p-16")},
     "roberta": {"tiny": TINY, "base": Slice("v5p-8")},
     # 512 x 1024 tokens and 50257-way logits: without remat GPT-2 did not fit 4 or 8 chips
