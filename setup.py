@@ -18,7 +18,7 @@ setup(
         "tensorflow==2.21.0",
         "tensorflow-text==2.21.1",
         "tensorflow-datasets==4.9.10",
-        "sentencepiece==0.2.3",
+        "sentencepiece>=0.2.2,<=0.2.3",  # 0.2.2 for the [beam] extra (below)
         "sacrebleu>=2.4",
         "rouge-score>=0.1.2",
         "tensorboardX>=2.6",
@@ -40,6 +40,12 @@ setup(
         # Accelerator runtimes (launch/: `pip install -e .[tpu]` on TPU VMs, .[gpu] on CUDA 12).
         "tpu": ["jax[tpu]==0.10.2"],
         "gpu": ["jax[cuda12]==0.10.2"],
+        # `t5lite data cache --runner DirectRunner|DataflowRunner|...`: seqio's Beam pipeline.
+        # Every apache-beam release caps protobuf below 7, and sentencepiece 0.2.3's generated
+        # code refuses a protobuf older than 7.36 at import (0.2.2's loads on 6.x), so this
+        # extra moves protobuf to 6.33 and sentencepiece to 0.2.2 (and pyarrow, pillow): give
+        # the Beam job its own environment (README "Caching at scale").
+        "beam": ["apache-beam[gcp]==2.77.0", "sentencepiece==0.2.2"],
         "test": [
             # libtpu: tests/test_compile.py compiles for abstract TPU slices on the CPU host
             "jax[tpu]==0.10.2",

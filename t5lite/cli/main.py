@@ -126,10 +126,19 @@ def cmd_data(args):
         if not args.names:
             raise UserError("`t5lite data cache` needs a task or mixture name, e.g. "
                             "`t5lite data cache sentiment`.")
-        from t5lite.tasks import cache
-        for name in args.names:
-            cache.cache_task(name, splits=args.splits or (), cache_dir=args.cache_dir,
-                             num_shards=args.shards, force=args.force)
+        from t5lite.tasks import beam_cache, cache, tfds_dir
+        tfds_dir.use_tfds_data_dir(args.tfds_data_dir)
+        if args.runner == "local" and not args.dry_run:
+            for name in args.names:
+                cache.cache_task(name, splits=args.splits or (), cache_dir=args.cache_dir,
+                                 num_shards=args.shards or 1, force=args.force)
+            return
+        if args.splits and args.runner != "local":
+            raise UserError("seqio's Beam pipeline caches every split of a task; --splits "
+                            "needs --runner local.")
+        beam_cache.run(args.names, runner=args.runner, options=args.pipeline_options or (),
+                       cache_dir=args.cache_dir, num_shards=args.shards, force=args.force,
+                       tfds_data_dir=args.tfds_data_dir, dry_run=args.dry_run)
         return
     dataprep.prepare(args.names or None, data_dir=args.data_dir or "", force=args.force)
 

@@ -51,6 +51,10 @@ class DataConfig(Section):
     # cache_dir ("" = <data dir>/seqio_cache) instead of tokenizing on the fly
     use_cached: bool = False
     cache_dir: str = ""
+    # where TFDS-backed tasks (C4, the paper's benchmarks) read their prepared datasets: a
+    # gs:// bucket for a pod (every host reads it in place); "" = $TFDS_DATA_DIR or
+    # ~/tensorflow_datasets (tasks/tfds_dir.py)
+    tfds_data_dir: str = ""
 
 
 @dataclasses.dataclass

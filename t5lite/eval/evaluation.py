@@ -397,7 +397,8 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     decoding.check(cfg.decode)
     from t5lite import dataprep
     dataprep.use_data_dir(cfg.data.data_dir)
-    from t5lite.tasks import pipeline
+    from t5lite.tasks import pipeline, tfds_dir
+    tfds_dir.use_tfds_data_dir(cfg.data.tfds_data_dir)
     pipeline.import_task_modules(cfg.data.task_modules)
     return cfg, peft.build_model(cfg.model), params
 

@@ -124,3 +124,8 @@ def cache_task(name: str, splits: Sequence[str] = (), cache_dir: str = "", num_s
             tf.io.gfile.rmtree(task_dir)
         tf.io.gfile.rename(tmp, task_dir)
     return out
+
+
+def read_json(path: str) -> dict:
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
