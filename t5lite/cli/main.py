@@ -342,8 +342,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cache: where to write (default: DATA_DIR/seqio_cache; then set "
                     "data.cache_dir to it)")
     sp.add_argument("--splits", nargs="+", help="cache: only these splits (default: all)")
-    sp.add_argument("--shards", type=_at_least(1), default=1,
-                    help="cache: TFRecord files per split")
+    sp.add_argument("--shards", type=_at_least(1), default=0,
+                    help="cache: TFRecord files per split (default: local 1, Beam one per "
+                    "source shard)")
+    sp.add_argument("--runner", default="local",
+                    help="cache: local (default): t5lite's one-process writer, which keeps the "
+                    "source's order; or a Beam runner for seqio's caching pipeline "
+                    "(DirectRunner, DataflowRunner, FlinkRunner, SparkRunner, PortableRunner; "
+                    "needs pip install -e '.[beam]')")
+    sp.add_argument("--tfds-data-dir", default="",
+                    help="cache: the TFDS data dir of TFDS-backed tasks, e.g. gs://BUCKET/tfds")
+    sp.add_argument("--dry-run", action="store_true",
+                    help="cache: print the tasks and the Beam pipeline options, run nothing")
+    sp.add_argument("--pipeline-options", nargs=argparse.REMAINDER, metavar="OPT",
+                    help="cache: the rest of the line goes to Beam, e.g. --project=P "
+                    "--region=us-central1 --temp_location=gs://B/tmp --setup_file=./setup.py")
     sp.add_argument("--data-dir", default="",
                     help="where to build (default: $T5LITE_DATA_DIR or ~/.cache/t5lite)")
     sp.add_argument("--force", action="store_true",
