@@ -136,3 +136,23 @@ def test_tfds_data_dir_setting_reaches_the_tfds_tasks(c4_tfds):
     assert loader.data_dir == "gs://my-bucket/tensorflow_datasets"
     with pytest.raises(UserError, match="local path or a gs:// URL"):
         tfds_dir.use_tfds_data_dir("s3://bucket/tfds")
+
+
+def test_an_unfinished_beam_job_leaves_the_earlier_cache_alone(data_dir, tmp_path):
+    """A task's staged output without COMPLETED (a failed or cancelled job) is not moved over
+    the cache that was there; a completed one replaces it."""
+    from t5lite.tasks import beam_cache
+    task = seqio.get_mixture_or_task("sentiment")
+    root, staging = tmp_path / "cache", tmp_path / "cache" / beam_cache.STAGING
+    (root / "sentiment").mkdir(parents=True)
+    (root / "sentiment" / "COMPLETED").write_text("")
+    (root / "sentiment" / "train.tfrecord-00000-of-00001").write_text("earlier")
+    (staging / "sentiment").mkdir(parents=True)
+    (staging / "sentiment" / "train.tfrecord-00000-of-00001").write_text("partial")
+    with pytest.raises(UserError, match="no COMPLETED file for 'sentiment'"):
+        beam_cache._move_into_place(str(staging), str(root), task)
+    assert (root / "sentiment" / "train.tfrecord-00000-of-00001").read_text() == "earlier"
+    (staging / "sentiment" / "COMPLETED").write_text("")
+    assert beam_cache._move_into_place(str(staging), str(root), task) == str(root / "sentiment")
+    assert (root / "sentiment" / "train.tfrecord-00000-of-00001").read_text() == "partial"
+    assert not (staging / "sentiment").exists()
