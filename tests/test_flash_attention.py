@@ -22,7 +22,8 @@ import pytest
 
 from t5lite.config import ModelConfig
 from t5lite.errors import UserError
-from t5lite.models import build_model, flash_attention as F, flash_bias, layers as L
+from t5lite.models import build_model, flash_attention as F, flash_bias, flash_kernels
+from t5lite.models import layers as L
 from t5lite.models.positions import RelativePositionBias, alibi_bias
 from t5lite.train import losses
 
@@ -218,3 +219,66 @@ def test_flash_refuses_what_it_lacks():
     dec = {k: v for k, v in batch.items() if k.startswith("decoder")}
     with pytest.raises(UserError, match="prefix-LM"):
         prefix.init(KEY(0), dict(dec, decoder_causal_attention=dec["decoder_segment_ids"] > 0))
+
+
+# ----------------------------------------------------------------------------- costs
+
+
+def test_visited_tiles_and_flops():
+    """The analytic count visits exactly the tiles with a visible key: all of them without
+    the causal mask, the ones on or below the diagonal with it (brute force over slots)."""
+    for bq, bk, t in ((32, 64, 256), (64, 32, 256), (128, 128, 512)):
+        spec = flash_kernels.KernelSpec(causal=True, block_q=bq, block_k=bk)
+        slots = np.arange(t)
+        visible = slots[None, :] <= slots[:, None]
+        brute = sum(visible[i:i + bq, j:j + bk].any() for i in range(0, t, bq)
+                    for j in range(0, t, bk))
+        assert F.visited_tiles(spec, t, t) == brute
+        assert F.visited_tiles(dataclasses.replace(spec, causal=False), t, t) == (t // bq) * (
+            t // bk)
+    spec = flash_kernels.KernelSpec(causal=True, block_q=128, block_k=128)
+    q = jax.ShapeDtypeStruct((2, 3, 512, 64), jnp.bfloat16)
+    assert F.forward_cost(spec, q, q).flops == 2 * 2 * 2 * 3 * 10 * 128 * 128 * 64
+
+
+def test_compile_counts_the_kernel_for_tpu():
+    """The kernel compiles for a v5p chip (Mosaic, on this CPU host), and tpu/hlo_cost.py
+    counts its FLOPs and HBM bytes from the estimate its custom call carries."""
+    pytest.importorskip("libtpu")
+    from t5lite.tpu import hlo_cost, topology
+    device = topology.abstract_devices(topology.parse_topology("v5p:2x2x1"))[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    x = jax.ShapeDtypeStruct((1, 1024, 2, 64), jnp.bfloat16, sharding=sharding)
+    seg = jax.ShapeDtypeStruct((1, 1024), jnp.int32, sharding=sharding)
+    attend = jax.jit(lambda q, k, v, seg: F.KernelBias(seg, seg, causal=True).attend(q, k, v))
+    costs = hlo_cost.hlo_costs(attend.lower(x, x, x, seg).compile().as_text())
+    spec = flash_kernels.KernelSpec(causal=True, block_q=512, block_k=512)
+    q_BHTK = jax.ShapeDtypeStruct((1, 2, 1024, 64), jnp.bfloat16)
+    expected = F.forward_cost(spec, q_BHTK, q_BHTK)
+    assert costs["kernel_flops"] == expected.flops == 2 * 2 * 2 * 3 * 512 * 512 * 64
+    assert costs["kernel_bytes"] == expected.bytes_accessed
+    assert costs["matmul_flops"] >= expected.flops
+
+
+def test_sharded_kernel_equals_unsharded():
+    """Under a mesh (batch over data, heads over tensor: the logical rules) the kernel runs
+    per shard in shard_map; outputs and gradients, the table's included (split by heads,
+    summed over batch shards), equal one unsharded kernel's."""
+    from t5lite.config import MeshConfig
+    from t5lite.train import partitioning
+    q_seg = KV_SEG[:, :96].at[1, 50:].set(0)
+    q_seg = jnp.concatenate([q_seg, q_seg[:1]])  # 4 rows: two per data shard
+    x = jax.random.normal(KEY(1), (3, 4, 96, 2, 16))
+    table = jax.random.normal(KEY(2), (2, 32))
+
+    def loss(table, q, k, v):
+        out = F.KernelBias(q_seg, q_seg, table, "relative", **BLOCKS).attend(q, k, v)
+        return jnp.sum(out * jnp.cos(out) * (q_seg != 0)[..., None, None])
+
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3))
+    alone = jax.jit(grad)(table, *x)
+    mesh = partitioning.make_mesh(MeshConfig(data=2, fsdp=1, tensor=2), jax.devices()[:4])
+    with partitioning.activate(mesh):
+        sharded = jax.jit(grad)(table, *x)
+    for a, s in zip(alone, sharded):
+        np.testing.assert_allclose(s, a, atol=1e-5 * np.max(np.abs(a)))

@@ -101,19 +101,18 @@ def _blocks(kb: KernelBias, t: int, s: int) -> tuple:
 
 
 def _spec_and_table(kb: KernelBias, num_heads: int, bq: int, bk: int):
-    """The kernel's static spec and its SMEM operands: the table (flattened [H * N] table,
-    [H] slopes, or a placeholder) and the bucket runs (flash_bias.runs_array)."""
+    """The kernel's static spec and its SMEM operands: a per-head table ([H, N] relative
+    table, [H, 1] ALiBi slopes, or a placeholder) and the bucket runs (runs_array)."""
     base = dict(kind=kb.kind, causal=kb.causal, block_q=bq, block_k=bk)
     if kb.kind == "relative":
         n = kb.table_HN.shape[1]
         runs = flash_bias.bucket_runs(n, kb.max_distance, kb.bidirectional)
         spec = K.KernelSpec(num_runs=len(runs), num_buckets=n, **base)
-        return (spec, kb.table_HN.astype(jnp.float32).reshape(-1),
-                jnp.asarray(flash_bias.runs_array(runs)))
+        return spec, kb.table_HN.astype(jnp.float32), jnp.asarray(flash_bias.runs_array(runs))
     none = jnp.zeros((1,), jnp.int32)
     if kb.kind == "alibi":
-        return K.KernelSpec(**base), jnp.asarray(flash_bias.alibi_slopes(num_heads)), none
-    return K.KernelSpec(**base), jnp.zeros((1,), jnp.float32), none
+        return K.KernelSpec(**base), jnp.asarray(flash_bias.alibi_slopes(num_heads))[:, None], none
+    return K.KernelSpec(**base), jnp.zeros((num_heads, 1), jnp.float32), none
 
 
 def attend(q_BTHK, k_BSHK, v_BSHK, kb: KernelBias):
@@ -130,7 +129,7 @@ def attend(q_BTHK, k_BSHK, v_BSHK, kb: KernelBias):
         k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, s_pad - s), (0, 0))) for x in (k, v))
         q_seg = jnp.pad(q_seg, ((0, 0), (0, t_pad - t)))
         kv_seg = jnp.pad(kv_seg, ((0, 0), (0, s_pad - s)))
-        out = _attend(spec, table, runs, q, k.astype(q.dtype), v.astype(q.dtype),
+        out = _attend(spec, table.reshape(-1), runs, q, k.astype(q.dtype), v.astype(q.dtype),
                       jnp.broadcast_to(q_seg[:, :, None], q_seg.shape + (K.LANES,)),
                       jnp.broadcast_to(kv_seg[:, None, :], (kv_seg.shape[0], K.SUBLANES,
                                                             s_pad)))
@@ -142,8 +141,12 @@ def attend(q_BTHK, k_BSHK, v_BSHK, kb: KernelBias):
         return local(*args)
     batch, heads = nn.logical_to_mesh_axes(("batch", "heads"))
     x_spec, seg_spec = P(batch, None, heads, None), P(batch, None)
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), x_spec, x_spec, x_spec, seg_spec,
-                                                     seg_spec), out_specs=x_spec)(*args)
+    # check_vma off: pallas_call's outputs carry no varying-axes annotation. The table is
+    # split by heads like q (the kernel indexes it by the shard's own head ids); its gradient
+    # is summed over the batch shards by shard_map's transpose.
+    in_specs = (P(heads), P(), x_spec, x_spec, x_spec, seg_spec, seg_spec)
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=x_spec,
+                         check_vma=False)(*args)
 
 
 # ----------------------------------------------------------------------------- custom VJP

@@ -13,6 +13,7 @@ the common case far from the diagonal. ALiBi is ``-slope_h * |rel|``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 
 import jax
@@ -24,14 +25,21 @@ from t5lite.models.positions import RelativePositionBias, alibi_bias
 BIAS_KINDS = ("none", "relative", "alibi")
 
 
+def _now(fn):
+    """fn() evaluated now, in a thread of its own: outside any trace under way here, and
+    outside its mesh (eager ops under a mesh of abstract TPU devices would have to run on
+    devices that do not exist on a CPU host compiling for them). Small host-side arrays."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: np.asarray(fn())).result()
+
+
 @functools.lru_cache(maxsize=None)
 def bucket_runs(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple:
     """((first rel of the run, bucket), ...) in increasing rel; the first run reaches down to
     -inf and the last one up to +inf."""
     reach = 2 * max_distance + 2  # the buckets are constant beyond +-max_distance
     module = RelativePositionBias(num_buckets, max_distance, 1, bidirectional)
-    with jax.ensure_compile_time_eval():
-        buckets = np.asarray(module.bucket(jnp.arange(-reach, reach + 1, dtype=jnp.int32)))
+    buckets = _now(lambda: module.bucket(jnp.arange(-reach, reach + 1, dtype=jnp.int32)))
     runs = [(-reach, int(buckets[0]))]
     for rel, b in zip(range(-reach + 1, reach + 1), buckets[1:]):
         if int(b) != runs[-1][1]:
@@ -42,9 +50,8 @@ def bucket_runs(num_buckets: int, max_distance: int, bidirectional: bool) -> tup
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
     """The model's ALiBi slopes (positions.alibi_bias at distance one), shape [H]."""
-    with jax.ensure_compile_time_eval():
-        one = jnp.ones((1, 1), jnp.int32)
-        return -np.asarray(alibi_bias(one * 0, one, num_heads))[0, :, 0, 0]
+    one = np.ones((1, 1), np.int32)
+    return -_now(lambda: alibi_bias(one * 0, one, num_heads))[0, :, 0, 0]
 
 
 def relative_distance(q0, k0, shape):
