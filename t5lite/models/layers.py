@@ -275,10 +275,14 @@ class MultiHeadAttention(nn.Module):
         q_BTHK, k_BSHK, v_BSHK = (constrain(a, axes) for a in (q_BTHK, k_BSHK, v_BSHK))
         if cfg.scale_attn_logits:
             q_BTHK = q_BTHK * jnp.asarray(k ** -0.5, dtype)
-        logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
-        weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
-        weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS, deterministic=deterministic)
-        out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
+        if hasattr(bias_BHTS, "attend"):  # model.attention_kernel="flash": a KernelBias
+            out_BTHK = bias_BHTS.attend(q_BTHK, k_BSHK, v_BSHK)
+        else:
+            logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
+            weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
+            weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS,
+                                                        deterministic=deterministic)
+            out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
         out_BTD = checkpoint_name(self.combine_heads(out_BTHK, shared, deterministic),
                                   "out_proj")
         return constrain(out_BTD, ("batch", "length", "embed"))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from t5lite.errors import UserError
 from t5lite.models import funnel, layer_plan, moe
+from t5lite.models import flash_attention
 from t5lite.models import layers as L
 from t5lite.models import residual, sharing
 from t5lite.models.gradient_rules import add_position_bias
@@ -59,12 +60,12 @@ CORE_MODULES = StackModules()
 class LayerContext:
     """The arrays a Stack builds once and shares with all its Blocks."""
 
-    bias: jnp.ndarray  # self-attention mask as an additive bias [B, 1, T, S]
+    bias: Any  # self-attention mask as an additive bias [B, 1, T, S] (flash: a KernelBias)
     pos_bias: Optional[jnp.ndarray] = None  # relative / ALiBi position bias [1 or B, H, T, S]
     rope_pos: Optional[jnp.ndarray] = None  # RoPE positions [B, T]
     cache_index: Optional[jnp.ndarray] = None  # decoding: the KV cache write index []
     encoded: Optional[jnp.ndarray] = None  # encoder output for cross-attention [B, S, D]
-    cross_bias: Optional[jnp.ndarray] = None  # cross-attention mask bias [B, 1, T, S]
+    cross_bias: Optional[Any] = None  # cross-attention mask bias [B, 1, T, S] (or KernelBias)
 
 
 class Block(nn.Module):
@@ -239,6 +240,7 @@ class Stack(nn.Module):
             q_valid_BL = segments_BL != 0
         else:  # decoder inputs start with id 0 (BOS): only segment ids mark padding
             q_valid_BL = jnp.ones((b, t), bool) if segments_BL is None else segments_BL != 0
+        flash = cfg.attention_kernel == "flash" and not decode and not self.num_prompt
         if decode:
             seg_BL = jnp.ones((b, t), jnp.int32) if segments_BL is None else segments_BL
             index, positions_BL, k_pos_BS, k_seg_BS = self.decode_state(positions_BL, seg_BL)
@@ -247,9 +249,12 @@ class Stack(nn.Module):
             if positions_BL is None:
                 positions_BL = jnp.broadcast_to(jnp.arange(t), (b, t))
             k_pos_BS = positions_BL
-            mask_BLS = L.self_attention_mask(q_valid_BL, segments_BL, self.kind == "decoder",
-                                             prefix_BL if cfg.architecture == "prefix_lm" else None)
+            mask_BLS = None if flash else L.self_attention_mask(q_valid_BL, segments_BL,
+                self.kind == "decoder", prefix_BL if cfg.architecture == "prefix_lm" else None)
         x_BLD = self.embed(tokens_BL, positions_BL, token_types_BL, deterministic)
+        if flash:  # the kernel makes masks and position biases itself: nothing [T, S] here
+            return x_BLD, self._flash_context(q_valid_BL, segments_BL, positions_BL, encoded_BSD,
+                                              encoder_tokens_BS, encoder_segments_BS, deterministic)
         if self.num_prompt:  # prompt tuning: soft tokens in front, masks / positions extended
             if decode:
                 raise UserError("prompt tuning (model.peft.prompt_tokens) cannot decode a "
@@ -282,6 +287,19 @@ class Stack(nn.Module):
         ctx = LayerContext(bias=L.attention_bias(mask_BLS), pos_bias=pos_bias, rope_pos=rope_pos,
                            cache_index=cache_index, encoded=encoded, cross_bias=cross_bias)
         return x_BLD, ctx
+
+    def _flash_context(self, q_valid_BL, segments_BL, positions_BL, encoded_BSD,
+                       encoder_tokens_BS, encoder_segments_BS, deterministic):
+        """The LayerContext for model.attention_kernel="flash": flash_attention.KernelBias
+        objects (segment ids, this stack's relative bias table) in place of masks and biases."""
+        if encoded_BSD is not None:  # (a Funnel encoder's output is shorter than its ids)
+            encoder_tokens_BS, encoder_segments_BS = funnel.pool_ids(
+                self.cfg, encoder_tokens_BS, encoder_segments_BS)
+        bias, cross_bias = flash_attention.kernel_biases(
+            self, q_valid_BL, segments_BL, None if encoded_BSD is None else encoder_tokens_BS,
+            encoder_segments_BS, deterministic)
+        return LayerContext(bias=bias, rope_pos=positions_BL if self.cfg.position == "rope"
+                            else None, encoded=encoded_BSD, cross_bias=cross_bias)
 
     def _decode_mask(self, index, q_seg_BT, k_seg_BS, prefix_BT):
         """Query slot index+t sees filled cache slots <= its own; prefix tokens of this chunk
