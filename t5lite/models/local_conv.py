@@ -17,6 +17,7 @@ from typing import Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5lite.models import layers as L
 
@@ -37,34 +38,42 @@ def visible_BTS(bias_BXTS) -> jnp.ndarray:
 
 
 class LocalInputs(nn.Module):
-    """The sequence a layer reads: this call's inputs [B, T, ...] and their slots, or in
-    decoding the cache of every input so far (written at ``cache_index``)."""
+    """The sequence a layer reads and the slots of this call's queries in it: this call's
+    inputs [B, T, ...] (slots None: the queries are the sequence itself), or in decoding the
+    cache of every input so far (written at ``cache_index``; slots cache_index + arange(T))."""
 
     @nn.compact
     def __call__(self, x_BT_, decode: bool = False, cache_index=None):
-        t = x_BT_.shape[1]
         if not decode:
-            return x_BT_, jnp.arange(t)
+            return x_BT_, None
         initialized = self.has_variable("cache", "cached_input")
         cache = self.variable("cache", "cached_input", jnp.zeros, x_BT_.shape, x_BT_.dtype)
         if not initialized:  # init_cache: shapes only
-            return x_BT_, jnp.arange(t)
+            return x_BT_, None
         start = (0, cache_index) + (0,) * (x_BT_.ndim - 2)
         cache.value = jax.lax.dynamic_update_slice(
             cache.value, x_BT_.astype(cache.value.dtype), start)
-        return cache.value, cache_index + jnp.arange(t)
+        return cache.value, cache_index + jnp.arange(x_BT_.shape[1])
 
 
 def shifted(src_BSD, slots_T, visible_BTS, offset: int):
     """For each query slot t, the source at slot t + offset, zero where that slot is outside
-    the sequence or hidden from t by the mask."""
-    s = src_BSD.shape[1]
-    idx_T = slots_T + offset
+    the sequence or hidden from t by the mask. ``slots_T`` None: the queries are the source's
+    own slots (a whole sequence at once), so the shift is a static slice, not a gather."""
+    t, s = visible_BTS.shape[1], src_BSD.shape[1]
+    if slots_T is None:
+        idx_T = np.arange(t) + offset
+        left, right = max(-offset, 0), max(offset, 0)
+        pad = [(0, 0), (left, right)] + [(0, 0)] * (src_BSD.ndim - 2)
+        src_BTD = jnp.pad(src_BSD, pad)[:, right:right + t]
+    else:
+        idx_T = slots_T + offset
     inside_T = (idx_T >= 0) & (idx_T < s)
-    idx_T = jnp.clip(idx_T, 0, s - 1)
-    t = slots_T.shape[0]
-    seen_BT = visible_BTS[:, jnp.arange(t), idx_T] & inside_T[None]
-    return jnp.take(src_BSD, idx_T, axis=1) * seen_BT[..., None].astype(src_BSD.dtype)
+    idx_T = (np if slots_T is None else jnp).clip(idx_T, 0, s - 1)
+    seen_BT = visible_BTS[:, np.arange(t), idx_T] & inside_T[None]
+    if slots_T is not None:
+        src_BTD = jnp.take(src_BSD, idx_T, axis=1)
+    return src_BTD * seen_BT[..., None].astype(src_BSD.dtype)
 
 
 def depthwise(src_BSD, slots_T, visible_BTS, offsets, weights_XW_D):

@@ -55,7 +55,7 @@ class SynthesizerAttention(L.MultiHeadAttention):
             raise UserError(f"attention_type={cfg.attention_type} synthesizes logits for at "
                             f"most model.max_length={cfg.max_length} slots, got {s}: raise "
                             "model.max_length or shorten the sequences.")
-        synth_XHTS = self.synthesized(mode, q_BTHK, slots_T, s, dtype)
+        synth_XHTS = self.synthesized(mode, q_BTHK, slots_T, x_BTD.shape[1], s, dtype)
         if "plus" in mode:
             k_BSHK, _ = LocalInputs(name="key_cache")(
                 self.dense_layer("key", **projection)(kv_BSD), decode, cache_index)
@@ -76,7 +76,7 @@ class SynthesizerAttention(L.MultiHeadAttention):
                                    kernel_axes=("heads", "kv", "embed"), **shared)(out_BTHK)
         return L.constrain(out_BTD, ("batch", "length", "embed"))
 
-    def synthesized(self, mode, q_BTHK, slots_T, s: int, dtype):
+    def synthesized(self, mode, q_BTHK, slots_T, q_len: int, s: int, dtype):
         """The synthesized logits, float32: [B, H, T, S] (dense) or [1, H, T, S] (random)."""
         cfg = self.cfg
         n, h = cfg.max_length, cfg.num_heads
@@ -86,13 +86,15 @@ class SynthesizerAttention(L.MultiHeadAttention):
             return jnp.einsum("bthk,ks->bhts", nn.relu(q_BTHK),
                               pi_KN[:, :s].astype(dtype)).astype(jnp.float32)
         init = nn.initializers.glorot_uniform()
+        # the queries' rows: their slots (decoding) or the first T (a whole sequence)
+        rows = lambda r: r[:q_len] if slots_T is None else r[slots_T]  # noqa: E731
         if mode == "factorized":
             factors = [self.param(name, nn.with_logical_partitioning(
                 init, ("abspos", "heads", None)), (n, h, cfg.synthesizer_rank), jnp.float32)
                 for name in ("R1", "R2")]
-            r_HTS = jnp.einsum("thf,shf->hts", factors[0][slots_T], factors[1][:s])
+            r_HTS = jnp.einsum("thf,shf->hts", rows(factors[0]), factors[1][:s])
         else:
             r_NHN = self.param("R", nn.with_logical_partitioning(
                 init, ("abspos", "heads", None)), (n, h, n), jnp.float32)
-            r_HTS = jnp.transpose(r_NHN[slots_T][:, :, :s], (1, 0, 2))
+            r_HTS = jnp.transpose(rows(r_NHN)[:, :, :s], (1, 0, 2))
         return r_HTS[None]
