@@ -152,6 +152,8 @@ def _compiled_fields(cfg, topo, mesh, abstract, traced, compiled, model_flops) -
         "analytic_bytes_per_chip": floor,
         "total_over_analytic": mem_bytes["total"] / max(floor["total"], 1),
         "flops_per_chip": float(hlo["matmul_flops"]),
+        # of which Pallas kernels' own analytic counts (XLA cannot see inside a kernel)
+        "kernel_flops_per_chip": float(hlo.get("kernel_flops", 0)),
         "model_flops_per_chip": model_per_chip,
         "model_flops_with_remat_per_chip":
             flops_lib.jaxpr_matmul_flops(traced.jaxpr.jaxpr) / mesh.size,

@@ -29,7 +29,10 @@ def format_report(r: dict) -> str:
         f"FLOPs per chip: compiled {r['flops_per_chip']:.3g} (the HLO's matmuls, loops x their "
         f"trip counts; cost_analysis counts {r['cost_analysis_flops_per_chip']:.3g}); model "
         f"{r['model_flops_per_chip']:.3g} (3 x forward matmuls), with remat recompute "
-        f"{r['model_flops_with_remat_per_chip']:.3g}",
+        f"{r['model_flops_with_remat_per_chip']:.3g}" + (
+            f"; Pallas kernels {r['kernel_flops_per_chip']:.3g} of the compiled FLOPs, counted "
+            "analytically (XLA's cost analysis does not see inside a kernel)"
+            if r.get("kernel_flops_per_chip") else ""),
         f"HBM bytes per chip {r['bytes_accessed_per_chip']:.3g} (VMEM-resident operands "
         f"excluded; XLA's cost_analysis, loops scaled: {r['xla_bytes_accessed_per_chip']:.3g})",
         "collectives per chip: " + (", ".join(
