@@ -80,11 +80,14 @@ from t5lite.models import layers as L
 from t5lite.models.embeddings import FactorizedEmbed
 from t5lite.models.sbo import SpanBoundaryHead
 from t5lite.models.transformer import CORE_MODULES, Stack, StackModules
+from t5lite.models.vocab_layers import make_vocab_layer, vocab_layer_kind
 
 
 def token_embedder(cfg):
     if cfg.factorized_embed_dim:  # ALBERT's [V, E] x [E, D]
         return FactorizedEmbed(cfg)
+    if vocab_layer_kind(cfg):  # adaptive input / adaptive softmax / mixture of softmaxes
+        return make_vocab_layer(cfg)
     return L.make_embed(cfg, cfg.vocab_size, cfg.embed_dim or cfg.d_model, ("vocab", "embed"))
 
 

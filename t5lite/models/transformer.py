@@ -21,6 +21,8 @@ from t5lite.models import funnel, layer_plan, moe
 from t5lite.models import flash_attention
 from t5lite.models import layers as L
 from t5lite.models import residual, sharing
+from t5lite.models import token_mixing
+from t5lite.models.evolved import EvolvedBlock
 from t5lite.models.gradient_rules import add_position_bias
 from t5lite.models.positions import RelativePositionBias, alibi_bias, sinusoidal
 from t5lite.models.transparent import TransparentMemory
@@ -98,7 +100,8 @@ class Block(nn.Module):
         stem = "self_attention" if self.decoder else "attention"
         bias = (ctx.bias if ctx.pos_bias is None
                 else add_position_bias(ctx.bias, ctx.pos_bias, cfg.gradient_rules))
-        x_BLD = sublayer(x_BLD, stem, lambda y: modules.attention(cfg, name=stem)(
+        attention = token_mixing.self_attention(cfg, modules.attention, self.decoder)
+        x_BLD = sublayer(x_BLD, stem, lambda y: attention(cfg, name=stem)(
             y, y, bias, ctx.rope_pos, deterministic, decode, ctx.cache_index))
         if self.pool > 1:
             x_BLD = funnel.mean_pool(x_BLD, self.pool)
@@ -196,9 +199,9 @@ class Stack(nn.Module):
     def _make_layers(self):
         cfg = self.cfg
         n = cfg.num_encoder_layers if self.kind == "encoder" else cfg.num_decoder_layers
-        block = Block
+        block = EvolvedBlock if cfg.block_type == "evolved" else Block
         if cfg.remat != "none":
-            block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat],
+            block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat],
                              prevent_cse=not cfg.scan_layers, static_argnums=(3, 4))
         block_fields = dict(cfg=cfg, decoder=self.kind == "decoder", cross=self.cross,
                             modules=self.modules)
@@ -353,7 +356,9 @@ class Stack(nn.Module):
     def logits(self, x_BLD):
         """Output projection: tied embedding (T5 v1.0 rescales by d_model**-0.5) or logits_dense."""
         cfg = self.cfg
-        if cfg.tie_embeddings:
+        if hasattr(self.embedder, "vocab_logits"):  # models/vocab_layers.py
+            logits_BLV = self.embedder.vocab_logits(x_BLD)
+        elif cfg.tie_embeddings:
             if cfg.scale_tied_logits:
                 x_BLD = x_BLD * jnp.asarray(cfg.d_model ** -0.5, x_BLD.dtype)
             logits_BLV = self.embedder.attend(x_BLD)
