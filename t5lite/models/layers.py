@@ -187,9 +187,10 @@ def softmax_to(logits, dtype):
 
     When ``dtype`` is narrower than float32 (bf16 compute), the backward pass keeps only these
     ``dtype`` probabilities (which the value product needs anyway) instead of autodiff's float32
-    ones: softmax' = y (g - sum(g y)) evaluated in float32 from the rounded y. The float32
-    probabilities are the largest activation of an attention layer (B H T S x 4 bytes, per
-    layer); t5x computes the whole softmax in bf16 instead (float32_attention_logits off).
+    ones: softmax' = y (g - sum(g y)) evaluated in float32 from the rounded y, and returned
+    rounded to ``dtype`` (what the logits' ``dtype`` einsum reads). The float32 probabilities
+    are the largest activation of an attention layer (B H T S x 4 bytes, per layer); t5x
+    computes the whole softmax in bf16 instead (float32_attention_logits off).
     """
     dtype = jnp.dtype(dtype)
     if dtype.itemsize >= 4:
@@ -218,7 +219,15 @@ def _softmax_narrow_bwd(dtype, y, g):
     # normalisation under remat.
     y = jax.lax.optimization_barrier(y)
     y32, g32 = y.astype(jnp.float32), g.astype(jnp.float32)
-    return (y32 * (g32 - jnp.sum(g32 * y32, axis=-1, keepdims=True)),)
+    dx32 = y32 * (g32 - jnp.sum(g32 * y32, axis=-1, keepdims=True))
+    # The logits gradient leaves in ``dtype``, stored once: the query / key gradients read it
+    # in ``dtype`` anyway (the logits came from a ``dtype`` einsum), and the position-bias
+    # gradient (a sum over the batch, which XLA schedules at the end of the backward pass, off
+    # the critical path) then holds this one narrow array per layer until it runs, not the
+    # probabilities and their gradient that a fused dx would be recomputed from, nor a float32
+    # dx. The same bytes as t5x's bf16 softmax gradient; the bias sums stay float32.
+    dx = jax.lax.optimization_barrier(dx32.astype(dtype))
+    return (dx.astype(jnp.float32),)
 
 
 _softmax_narrow.defvjp(_softmax_narrow_fwd, _softmax_narrow_bwd)
