@@ -1,10 +1,12 @@
 """t5x's examples/t5 network and t5lite compiled for the same TPU slice, same way, on this host
 (libtpu, no TPU) -> per-chip memory, HBM bytes and roofline MFU of each (bench/RESULTS.md).
 
-    python bench/t5x_anchor.py --t5x /path/to/google-research/t5x [--collective-matmul both]
+    python bench/t5x_anchor.py --t5x /path/to/google-research/t5x [--size xl]
+        [--collective-matmul both] [--layers N] [--batch B]
 
-The setting of ../shared/TPU_ANCHOR.md: T5 v1.1 base (t5x: t5_1_1/base.gin's T5Config;
-t5lite: the t5_1_1_base preset), batch 128 x (512 inputs + 114 targets) packed, dropout 0,
+The setting of ../shared/TPU_ANCHOR.md: T5 v1.1 base, XL or XXL (t5x: t5_1_1/<size>.gin's
+T5Config; t5lite: the t5_1_1_<size> preset), batch 128 (base) or 64 (XL, XXL) x (512 inputs +
+114 targets) packed, remat none on both sides (t5x's network has none), dropout 0,
 parameters float32 and activations bfloat16, layers unrolled, 8-way parameter sharding along
 `embed` (t5x: its standard rules with 2-D parameter partitioning, mesh data=8; t5lite: mesh
 fsdp=8), both stepped by t5lite's Adafactor (optim.make_optimizer) and its cross-entropy with
@@ -30,8 +32,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 TOPOLOGY = "v5p:2x2x2"
-BATCH, INPUTS, TARGETS = 128, 512, 114
+INPUTS, TARGETS = 512, 114
 GiB = 1024 ** 3
+# t5x/examples/t5/t5_1_1/<size>.gin: (emb_dim, num_heads, layers per stack, mlp_dim); head_dim
+# 64 throughout. Batches: ../shared/TPU_ANCHOR.md's (XL at 64: t5x's network has no remat).
+SIZES = {"base": (768, 12, 12, 2048), "xl": (2048, 32, 24, 5120), "xxl": (4096, 64, 24, 10240)}
+BATCHES = {"base": 128, "xl": 64, "xxl": 64}
 
 
 def load_t5x_network(root: str):
@@ -61,8 +67,9 @@ T5X_RULES = [("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", 
              ("mlp_activations", None)]
 
 
-def t5x_step(network, devices, options: dict):
-    """t5x's T5 v1.1 base train step, jitted over a data=8 mesh -> (jitted, abstract args)."""
+def t5x_step(network, devices, options: dict, size: str, layers: int, batch_size: int):
+    """t5x's T5 v1.1 train step of ``size`` with ``layers`` per stack, jitted over a data=8
+    mesh -> (jitted, mesh, abstract args)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -75,17 +82,18 @@ def t5x_step(network, devices, options: dict):
     from t5lite import config as config_lib
     from t5lite.train import losses, optim
 
-    t5cfg = network.T5Config(  # t5x/examples/t5/t5_1_1/base.gin
-        vocab_size=32128, dtype=jnp.bfloat16, emb_dim=768, num_heads=12,
-        num_encoder_layers=12, num_decoder_layers=12, head_dim=64, mlp_dim=2048,
+    emb, heads, _, mlp = SIZES[size]
+    t5cfg = network.T5Config(  # t5x/examples/t5/t5_1_1/{base,xl,xxl}.gin
+        vocab_size=32128, dtype=jnp.bfloat16, emb_dim=emb, num_heads=heads,
+        num_encoder_layers=layers, num_decoder_layers=layers, head_dim=64, mlp_dim=mlp,
         mlp_activations=("gelu", "linear"), dropout_rate=0.0, logits_via_embedding=False)
     model = network.Transformer(t5cfg)
     mesh = Mesh(np.asarray(devices).reshape(len(devices), 1), ("data", "model"))
-    cfg = config_lib.load_config("t5_1_1_base")
+    cfg = config_lib.load_config(f"t5_1_1_{size}")
     tx = optim.make_optimizer(cfg.optim, cfg.train.steps)
 
-    tokens = {"inputs": jax.ShapeDtypeStruct((BATCH, INPUTS), jnp.int32),
-              "targets": jax.ShapeDtypeStruct((BATCH, TARGETS), jnp.int32)}
+    tokens = {"inputs": jax.ShapeDtypeStruct((batch_size, INPUTS), jnp.int32),
+              "targets": jax.ShapeDtypeStruct((batch_size, TARGETS), jnp.int32)}
 
     def init(rng, inputs, targets):
         return model.init(rng, inputs, targets, targets, enable_dropout=False)
@@ -105,7 +113,7 @@ def t5x_step(network, devices, options: dict):
     names = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
              "encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
              "decoder_positions", "decoder_loss_weights")
-    shape = {n: (BATCH, INPUTS if n.startswith("encoder") else TARGETS) for n in names}
+    shape = {n: (batch_size, INPUTS if n.startswith("encoder") else TARGETS) for n in names}
     batch = {n: jax.ShapeDtypeStruct(shape[n], jnp.int32, sharding=batch_sh) for n in names}
 
     def loss_fn(p, b):
@@ -144,11 +152,11 @@ def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
             "xla_temp_gib": b["xla_temp"] / GiB, "total_gib": b["total"] / GiB,
             "flops_per_chip": float(hlo["matmul_flops"]), "hbm_bytes_per_chip": hlo["bytes"],
             "roofline_ms": {k: round(v * 1e3, 2) for k, v in times.items()},
-            "est_mfu": model_flops_per_chip / (est * chip.peak_flops),
+            "roofline_mfu": model_flops_per_chip / (est * chip.peak_flops),
             "compile_seconds": round(seconds)}
 
 
-def model_flops_per_chip(cfg, mesh) -> float:
+def model_flops_per_chip(cfg, mesh, batch_size: int) -> float:
     """3 x forward matmul FLOPs of the step (trainer.step_flops, the model both sides run)."""
     from t5lite import peft
     from t5lite.train import trainer
@@ -156,15 +164,22 @@ def model_flops_per_chip(cfg, mesh) -> float:
     model = peft.build_model(cfg.model)
     abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh,
                                                   make_optimizer(cfg.optim, cfg.train.steps))
-    return trainer.step_flops(cfg, model, mesh, abstract.params, BATCH) / mesh.size
+    return trainer.step_flops(cfg, model, mesh, abstract.params, batch_size) / mesh.size
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--t5x", required=True, help="a checkout of google-research/t5x")
+    p.add_argument("--t5x", help="a checkout of google-research/t5x (needed for the t5x side)")
+    p.add_argument("--size", choices=tuple(SIZES), default="base")
+    p.add_argument("--batch", type=int, default=0, help="default: the size's (BATCHES)")
+    p.add_argument("--layers", type=int, default=0,
+                   help="layers per stack on both sides (default: the size's; fewer for a "
+                        "quick look at what one layer keeps)")
     p.add_argument("--collective-matmul", choices=("off", "on", "both"), default="both")
     p.add_argument("--sides", nargs="*", choices=("t5x", "t5lite"), default=["t5x", "t5lite"])
     args = p.parse_args()
+    if "t5x" in args.sides and not args.t5x:
+        p.error("the t5x side needs --t5x (or --sides t5lite)")
     import jax
 
     from t5lite import config as config_lib
@@ -174,32 +189,38 @@ def main():
     topo = topology.parse_topology(TOPOLOGY)
     devices = topology.abstract_devices(topo)
     network = load_t5x_network(args.t5x) if "t5x" in args.sides else None
+    batch = args.batch or BATCHES[args.size]
+    layers = args.layers or SIZES[args.size][2]
     modes = ("off", "on") if args.collective_matmul == "both" else (args.collective_matmul,)
-    sets = ["mesh.data=1", "mesh.fsdp=-1", "model.scan_layers=false"]  # the plan's anchor row
+    sets = ["mesh.data=1", "mesh.fsdp=-1", "model.scan_layers=false", "model.remat=none",
+            f"data.batch_size={batch}", f"model.num_encoder_layers={layers}",
+            f"model.num_decoder_layers={layers}"]  # the setting of the docstring
     for mode in modes:
-        cfg = config_lib.load_config("t5_1_1_base",
+        cfg = config_lib.load_config(f"t5_1_1_{args.size}",
                                      sets + [f"mesh.collective_matmul={mode == 'on'}"])
         mesh = partitioning.make_mesh(cfg.mesh, devices)
+        row = {"size": args.size, "batch": batch, "layers": layers, "collective_matmul": mode}
         if "t5lite" in args.sides:
             r = tpu_compile.compile_step(cfg, topo, devices)
             b = r["bytes_per_chip"]
-            print(json.dumps({
-                "side": "t5lite", "collective_matmul": mode, "arguments_gib": b["arguments"] / GiB,
-                "temp_gib": b["temp"] / GiB, "xla_temp_gib": b["xla_temp"] / GiB,
-                "total_gib": b["total"] / GiB,
-                "flops_per_chip": r["flops_per_chip"],
-                "hbm_bytes_per_chip": r["bytes_accessed_per_chip"],
-                "roofline_ms": {k: round(v * 1e3, 2) for k, v in r["roofline_seconds"].items()},
-                "est_mfu": r["est_mfu"], "compile_seconds": round(r["compile_seconds"])}),
+            print(json.dumps(dict(
+                side="t5lite", **row, arguments_gib=b["arguments"] / GiB,
+                temp_gib=b["temp"] / GiB, xla_temp_gib=b["xla_temp"] / GiB,
+                total_gib=b["total"] / GiB, flops_per_chip=r["flops_per_chip"],
+                hbm_bytes_per_chip=r["bytes_accessed_per_chip"],
+                roofline_ms={k: round(v * 1e3, 2) for k, v in r["roofline_seconds"].items()},
+                roofline_mfu=r["roofline_mfu"], compile_seconds=round(r["compile_seconds"]))),
                 flush=True)
         if network is not None:
-            jitted, t5x_mesh, (state, batch) = t5x_step(
-                network, devices, partitioning.compiler_options(cfg, mesh))
+            jitted, t5x_mesh, (state, batch_args) = t5x_step(
+                network, devices, partitioning.compiler_options(cfg, mesh), args.size, layers,
+                batch)
             t0 = time.time()
             with jax.set_mesh(t5x_mesh):
-                compiled = jitted.lower(state, batch).compile()
-            print(json.dumps(dict(side="t5x", collective_matmul=mode, **report(
-                compiled, time.time() - t0, model_flops_per_chip(cfg, mesh)))), flush=True)
+                compiled = jitted.lower(state, batch_args).compile()
+            print(json.dumps(dict(side="t5x", **row, **report(
+                compiled, time.time() - t0, model_flops_per_chip(cfg, mesh, batch)))),
+                flush=True)
 
 
 if __name__ == "__main__":
