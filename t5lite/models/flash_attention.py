@@ -76,15 +76,16 @@ def kernel_biases(stack, q_valid_BL, segments_BL, encoder_tokens_BS=None,
         owner = stack if stack.shared is None else stack.shared
         table_HN = owner.relpos_bias(None, None)
     seg_BL = segments(q_valid_BL, segments_BL)
+    blocks = dict(block_q=DEFAULT_BLOCK, block_k=DEFAULT_BLOCK)  # (read now: tests shrink it)
     attn = KernelBias(seg_BL, seg_BL, table_HN, kind, causal=stack.kind == "decoder",
                       bidirectional=stack.kind == "encoder",
-                      max_distance=cfg.relative_max_distance)
+                      max_distance=cfg.relative_max_distance, **blocks)
     if encoder_tokens_BS is None:
         return attn, None
     both = segments_BL is not None and encoder_segments_BS is not None
     k_valid_BS = encoder_tokens_BS != 0
     cross = KernelBias(segments(q_valid_BL, segments_BL if both else None),
-                       segments(k_valid_BS, encoder_segments_BS if both else None))
+                       segments(k_valid_BS, encoder_segments_BS if both else None), **blocks)
     return attn, cross
 
 
@@ -93,8 +94,8 @@ def _round_up(n: int, m: int) -> int:
 
 
 def _blocks(kb: KernelBias, t: int, s: int) -> tuple:
-    """(block_q, block_k): the configured ones, shrunk to a short sequence (block_q a
-    multiple of 8 sublanes, block_k of 128 lanes)."""
+    """(block_q, block_k): the configured ones, or a short sequence rounded up to 128 (TPU
+    wants block_k a multiple of the 128 lanes, block_q of the 8 sublanes)."""
     bq = min(kb.block_q, _round_up(t, K.SUBLANES * 16))
     bk = min(kb.block_k, _round_up(s, K.LANES))
     return bq, bk
