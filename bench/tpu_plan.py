@@ -34,9 +34,10 @@ PRESETS = ("t5_1_0_small", "t5_1_0_base", "t5_1_0_large", "t5_1_0_3b", "t5_1_0_1
            "gpt2_medium", "gpt2_large")
 ROWS = {name: ("", []) for name in PRESETS}
 ROWS.update({
-    # XL and XXL with full remat: a fraction of the activation memory, a fifth more FLOPs
+    # full remat: a fraction of the activation memory, a fifth more FLOPs
     "t5_1_1_xl@remat_full": ("", ["model.remat=full"]),
     "t5_1_1_xxl@remat_full": ("", ["model.remat=full"]),
+    "t5_1_0_3b@remat_full": ("", ["model.remat=full"]),
     # what the XL preset shipped before it stated a slice: data-parallel (parameters and
     # optimizer state copied on every chip), full remat, batch 128
     "t5_1_1_xl@data_parallel": ("v5p-64", ["mesh.data=-1", "mesh.fsdp=1", "model.remat=full",

@@ -68,7 +68,7 @@ TINY = Slice("v5litepod-1")
 # c4_pretrain.gin); XL and XXL ship it, the smaller sizes the paper's 128
 SLICES = {
     "t5_1_0": {"tiny": TINY, "small": Slice("v5p-8"), "base": Slice("v5p-8"),
-               "large": Slice("v5p-16"), "3b": Slice("v5p-32", "full"),
+               "large": Slice("v5p-16"), "3b": Slice("v5p-32"),
                "11b": Slice("v5p-128", "full")},
     "t5_1_1": {"tiny": TINY, "small": Slice("v5p-8"), "base": Slice("v5p-8"),
                "large": Slice("v5p-16"), "xl": Slice("v5p-64", batch=256),
