@@ -159,11 +159,12 @@ def test_cached_decoding_equals_full_forward(fields):
     cfg, model, params, batch = make("decoder_only", **fields)
     full = model.apply({"params": params}, batch)["logits"]
     cache = init_cache(model, params, 2, L_)
+    step = jax.jit(lambda cache, tokens: model.apply(
+        {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"],
+        method="decode"))
     outs = []
     for lo, hi in [(0, 3)] + [(i, i + 1) for i in range(3, L_)]:
-        logits, mutated = model.apply({"params": params, "cache": cache},
-                                      batch["decoder_input_tokens"][:, lo:hi], decode=True,
-                                      mutable=["cache"], method="decode")
+        logits, mutated = step(cache, batch["decoder_input_tokens"][:, lo:hi])
         cache = mutated["cache"]
         outs.append(logits)
     np.testing.assert_allclose(np.concatenate(outs, axis=1), full, atol=1e-4, rtol=1e-4)
@@ -185,7 +186,9 @@ def test_evolved_blocks_have_their_branches():
     (dict(output_softmax="adaptive", vocab_clusters=((20, 0), (30, 0))), "sum to vocab_size"),
     (dict(adaptive_input=True, vocab_clusters=((64, 0),), tie_embeddings=False), "tied"),
     (dict(attention_type="lightweight_conv", conv_heads=3), "divide d_model"),
-    (dict(attention_type="synthesizer_dense", position="rope"), "position=relative")])
+    (dict(attention_type="synthesizer_dense", position="rope"), "position=relative"),
+    (dict(block_type="evolved", ffn_layer="switch"), "block_type"),
+    (dict(attention_type="synthesizer_random", weighted_transformer=True), "set one of them")])
 def test_config_errors_say_what_to_do(fields, says):
     with pytest.raises(UserError, match=says):
         build_model(dataclasses.replace(TINY, architecture="encoder_decoder", **fields))

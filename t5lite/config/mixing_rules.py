@@ -60,6 +60,16 @@ def check_mixing(m) -> None:
     if (mixer != "multihead" or m.block_type != "transformer") and m.attention_kernel != "xla":
         raise UserError(f"attention_type={mixer} / block_type={m.block_type} read the masks as "
                         "arrays: use model.attention_kernel=xla.")
+    if mixer != "multihead" and m.weighted_transformer:
+        raise UserError(f"attention_type={mixer} with weighted_transformer: the Weighted "
+                        "Transformer's branched attention is its token mixer; set one of them.")
+    others = [name for name, on in (("ffn_layer", m.ffn_layer != "dense"),
+                                    ("funnel_blocks", bool(m.funnel_blocks)),
+                                    ("weighted_transformer", m.weighted_transformer),
+                                    ("transparent_attention", m.transparent_attention)) if on]
+    if m.block_type == "evolved" and others:
+        raise UserError(f"block_type=evolved builds its own blocks (dense FFNs, every layer "
+                        f"alike): leave {', '.join('model.' + o for o in others)} at default.")
     if m.block_type == "evolved" and m.d_model % 2:
         raise UserError(f"block_type=evolved halves d_model in its branches: use an even "
                         f"d_model, got {m.d_model}.")

@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from t5lite.models import layers as L
+from t5lite.models import residual
 from t5lite.models.gradient_rules import add_position_bias
 from t5lite.models.local_conv import LocalInputs, SeparableConv, shifted, tap_offsets
 from t5lite.models.local_conv import visible_BTS as visible_from_bias
@@ -68,11 +69,8 @@ class EvolvedBlock(nn.Module):
         cfg = self.cfg
         drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)  # noqa
 
-        def sublayer(x, stem, fn):
-            where = "pre" if cfg.pre_norm else "post"
-            norm = L.make_norm(cfg, f"{where}_{stem}_layer_norm")
-            y = x + drop(fn(norm(x) if cfg.pre_norm else x))
-            return y if cfg.pre_norm else norm(y)
+        def sublayer(x, stem, fn):  # x + branch, pre- or post-norm, ReZero / Fixup scalars
+            return residual.sublayer(self, cfg, x, stem, fn, deterministic)
 
         visible = visible_from_bias(ctx.bias)
         cross = self.cross and ctx.encoded is not None
