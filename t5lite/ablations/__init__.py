@@ -26,8 +26,10 @@ workdir and a finished one is skipped, so a rerun picks up where the last one st
 the steps, tokens and (with a TPU topology, by an AOT compile) TPU-hours.
 
 Modules, each importing only those above it: paper (the paper's numbers, DOWNSTREAM, SCALES),
-tables (Table, Row, the table files), overrides (`:=` values, resolve), files (the study's
-paths and JSON files), plan (a row's stages), rendering (table.md), runner (run), estimation (estimate).
+tables (Table, Row, the table files), modifications (Narang et al. 2021's Table 1 as data),
+overrides (`:=` values, resolve), files (the study's paths and JSON files), plan (a row's
+stages), pretrain_columns (a pretraining run's measured columns), rendering (table.md), runner
+(run), estimation (estimate).
 """
 
 from t5lite.ablations.estimation import estimate
