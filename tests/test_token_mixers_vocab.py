@@ -188,7 +188,9 @@ def test_evolved_blocks_have_their_branches():
     (dict(attention_type="lightweight_conv", conv_heads=3), "divide d_model"),
     (dict(attention_type="synthesizer_dense", position="rope"), "position=relative"),
     (dict(block_type="evolved", ffn_layer="switch"), "block_type"),
-    (dict(attention_type="synthesizer_random", weighted_transformer=True), "set one of them")])
+    (dict(attention_type="synthesizer_random", weighted_transformer=True), "set one of them"),
+    (dict(attention_type="dynamic_conv", peft=dataclasses.replace(TINY.peft, lora_rank=4)),
+     "LoRA on query")])
 def test_config_errors_say_what_to_do(fields, says):
     with pytest.raises(UserError, match=says):
         build_model(dataclasses.replace(TINY, architecture="encoder_decoder", **fields))

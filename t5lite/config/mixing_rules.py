@@ -70,6 +70,16 @@ def check_mixing(m) -> None:
     if m.block_type == "evolved" and others:
         raise UserError(f"block_type=evolved builds its own blocks (dense FFNs, every layer "
                         f"alike): leave {', '.join('model.' + o for o in others)} at default.")
+    p = m.peft
+    attention_peft = bool(p.prefix_tokens or p.ia3 or (p.lora_rank and set(p.lora_targets) & {
+        "query", "key", "value", "out"}))
+    if mixer != "multihead" and attention_peft:
+        raise UserError(f"attention_type={mixer} replaces the self-attention that LoRA on "
+                        "query / key / value / out, (IA)^3 and prefix tuning adapt: use LoRA on "
+                        "wi / wo, adapters or prompt tuning with it.")
+    if m.block_type == "evolved" and p.adapter_dim:
+        raise UserError("block_type=evolved has no adapter after its MLP: use LoRA or prompt "
+                        "tuning with it (model.peft.adapter_dim=0).")
     if m.block_type == "evolved" and m.d_model % 2:
         raise UserError(f"block_type=evolved halves d_model in its branches: use an even "
                         f"d_model, got {m.d_model}.")
