@@ -32,10 +32,11 @@ def check_vocab_layer(m) -> None:
         raise UserError(f"model.adaptive_input with output_softmax={m.output_softmax}: the "
                         "adaptive softmax has adaptive inputs already and the mixture its own "
                         "embedding; set one of them.")
-    if m.architecture == "encoder_only" or not m.tie_embeddings or m.embed_dim:
+    if (m.architecture == "encoder_only" or not m.tie_embeddings or m.embed_dim
+            or m.factorized_embed_dim):
         raise UserError(f"{what} replaces the tied token embedding of a decoder: use an "
-                        "encoder_decoder / decoder_only model with tie_embeddings=True and "
-                        "embed_dim=0.")
+                        "encoder_decoder / decoder_only model with tie_embeddings=True, "
+                        "embed_dim=0 and factorized_embed_dim=0.")
     if m.output_softmax == "mixture":
         return
     clusters = parse_clusters(m.vocab_clusters)
