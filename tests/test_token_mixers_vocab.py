@@ -151,17 +151,21 @@ def test_adaptive_input_clusters_and_projections():
     assert count_params(cfg) < count_params(dataclasses.replace(cfg, adaptive_input=False))
 
 
-@pytest.mark.parametrize("fields", [
-    dict(attention_type="dynamic_conv", conv_kernel_size=3),
-    dict(attention_type="synthesizer_random_plus"),
-    dict(block_type="evolved")])
-def test_cached_decoding_equals_full_forward(fields):
-    cfg, model, params, batch = make("decoder_only", **fields)
+@pytest.mark.parametrize("arch, fields", [
+    ("decoder_only", dict(attention_type="dynamic_conv", conv_kernel_size=3)),
+    ("decoder_only", dict(attention_type="synthesizer_random_plus")),
+    ("encoder_decoder", dict(block_type="evolved"))])
+def test_cached_decoding_equals_full_forward(arch, fields):
+    cfg, model, params, batch = make(arch, **fields)
     full = model.apply({"params": params}, batch)["logits"]
-    cache = init_cache(model, params, 2, L_)
+    kwargs, inputs = {}, batch.get("encoder_input_tokens")
+    if arch == "encoder_decoder":
+        kwargs = dict(encoded=model.apply({"params": params}, inputs, method="encode"),
+                      encoder_input_tokens=inputs)
+    cache = init_cache(model, params, 2, L_, inputs)
     step = jax.jit(lambda cache, tokens: model.apply(
         {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"],
-        method="decode"))
+        method="decode", **kwargs))
     outs = []
     for lo, hi in [(0, 3)] + [(i, i + 1) for i in range(3, L_)]:
         logits, mutated = step(cache, batch["decoder_input_tokens"][:, lo:hi])
