@@ -115,12 +115,14 @@ def test_aux_loss_reaches_the_training_loss():
     rng = np.random.default_rng(0)
     for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens"):
         batch[k] = rng.integers(1, 64, batch[k].shape).astype(np.int32)
-    params = nn.meta.unbox(model.init(KEY(0), batch)["params"])
-    outputs = moe.apply_with_aux_loss(model, {"params": params}, batch)
+    params = nn.meta.unbox(jax.jit(model.init)(KEY(0), batch)["params"])
+    run = jax.jit(lambda p, b: moe.apply_with_aux_loss(model, {"params": p}, b))
+    outputs = run(params, batch)
     layers = [(s, i) for s in ("encoder", "decoder") for i in range(2)
               if "router" in params[s][f"layers_{i}"]["mlp"]]
     assert layers == [("encoder", 1), ("decoder", 1)]  # every 2nd layer
-    _, sown = model.apply({"params": params}, batch, mutable=["aux_loss"])
+    _, sown = jax.jit(lambda p, b: model.apply({"params": p}, b, mutable=["aux_loss"]))(
+        params, batch)
     per_layer = jax.tree.leaves(sown["aux_loss"])
     assert len(per_layer) == 2 and all(float(x) > 0 for x in per_layer)
     np.testing.assert_allclose(float(outputs["aux_loss"]), float(sum(per_layer)), rtol=1e-6)
@@ -136,10 +138,10 @@ def test_aux_loss_reaches_the_training_loss():
     np.testing.assert_allclose(float(metrics["moe_aux_loss"]), float(outputs["aux_loss"]))
     norms = losses.normalizers(Cfg, batch)
     halves = [{k: v[i::2] for k, v in batch.items()} for i in range(2)]
-    parts = [losses.compute_loss(Cfg, moe.apply_with_aux_loss(model, {"params": params}, h),
-                                 h, norms)[1]["moe_aux_loss"] for h in halves]
-    whole = np.mean([moe.apply_with_aux_loss(model, {"params": params}, h)["aux_loss"]
-                     for h in halves])
+    half_outputs = [run(params, h) for h in halves]
+    parts = [losses.compute_loss(Cfg, o, h, norms)[1]["moe_aux_loss"]
+             for o, h in zip(half_outputs, halves)]
+    whole = np.mean([o["aux_loss"] for o in half_outputs])
     np.testing.assert_allclose(float(sum(parts)), whole, rtol=1e-6)
 
 

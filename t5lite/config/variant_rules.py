@@ -17,10 +17,10 @@ def check_variants(m) -> None:
         raise UserError("model.transparent_attention needs an encoder_decoder model with its "
                         "own encoder layers (shared_encoder_decoder=False, no funnel_blocks).")
     peft = m.peft
-    if m.weighted_transformer and (peft.lora_rank or peft.prefix_tokens or peft.adapter_dim
-                                   or peft.ia3):
-        raise UserError("model.weighted_transformer has its own attention layers: turn off "
-                        "model.peft's LoRA / prefix / adapters / IA3 for it.")
+    if m.weighted_transformer and (peft.lora_rank or peft.prompt_tokens or peft.prefix_tokens
+                                   or peft.adapter_dim or peft.ia3):
+        raise UserError("model.weighted_transformer builds its own attention layers, which the "
+                        "PEFT methods do not adapt: turn model.peft's methods off for it.")
 
 
 def _check_ffn_layer(m) -> None:

@@ -202,7 +202,8 @@ class Stack(nn.Module):
         block = EvolvedBlock if cfg.block_type == "evolved" else Block
         if cfg.remat != "none":
             block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat],
-                             prevent_cse=not cfg.scan_layers, static_argnums=(3, 4))
+                             prevent_cse=not layer_plan.scanned(cfg, self.kind, n),
+                             static_argnums=(3, 4))
         block_fields = dict(cfg=cfg, decoder=self.kind == "decoder", cross=self.cross,
                             modules=self.modules)
         if sharing.shares_block(cfg, self.kind):  # one block's params at every layer
