@@ -100,6 +100,9 @@ def test_fixup_init_zeroes_each_branch_end_and_scales_the_rest():
     np.testing.assert_allclose(np.std(enc["mlp"]["wi"]["kernel"]), expected, rtol=0.1)
     np.testing.assert_allclose(enc["mlp_fixup_scale"], 1.0)
     np.testing.assert_allclose(enc["mlp_fixup_bias_in"], 0.0)
+    # after the last layer: shift and scale in the encoder, shift only in the decoder
+    assert set(params["encoder"]["final_fixup"]) == {"bias", "scale"}
+    assert set(params["decoder"]["final_fixup"]) == {"bias"}
     emb = params["token_embedder"]["embedding"][batch["encoder_input_tokens"]]
     np.testing.assert_allclose(encode(model, params, batch), emb, rtol=1e-6)
 

@@ -39,3 +39,17 @@ def sublayer(module: nn.Module, cfg, x_BLD, stem: str, fn, deterministic: bool):
                                 ).astype(y_BLD.dtype)
     y_BLD = x_BLD + y_BLD
     return y_BLD if cfg.pre_norm else norm(y_BLD)
+
+
+class FinalFixup(nn.Module):
+    """Fixup after a stack's last layer (in place of the final norm): a learned scalar shift,
+    and in the encoder also a scale (fixup.gin's sublayers_final)."""
+
+    scale: bool = True
+
+    @nn.compact
+    def __call__(self, x_BLD):
+        x_BLD = x_BLD + _scalar(self, "bias", nn.initializers.zeros).astype(x_BLD.dtype)
+        if self.scale:
+            x_BLD = x_BLD * _scalar(self, "scale", nn.initializers.ones).astype(x_BLD.dtype)
+        return x_BLD

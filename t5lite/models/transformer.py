@@ -189,6 +189,8 @@ class Stack(nn.Module):
         if self.kind == "decoder" and not cfg.tie_embeddings:
             self.logits_dense = L.make_dense(cfg, cfg.vocab_size, ("embed", "vocab"), False)
         self.dropout = nn.Dropout(cfg.dropout_rate)
+        if cfg.fixup:  # shift (and in the encoder scale) after the last layer
+            self.final_fixup = residual.FinalFixup(scale=self.kind == "encoder")
 
     @property
     def num_prompt(self) -> int:
@@ -352,7 +354,8 @@ class Stack(nn.Module):
         if self.cfg.pre_norm:
             x_BLD = (getattr(self, f"{self.kind}_norm") if self.shared is None
                      else self.shared.decoder_norm)(x_BLD)
-        return self.dropout(x_BLD, deterministic=deterministic)
+        x_BLD = self.dropout(x_BLD, deterministic=deterministic)
+        return self.final_fixup(x_BLD) if self.cfg.fixup else x_BLD
 
     def logits(self, x_BLD):
         """Output projection: tied embedding (T5 v1.0 rescales by d_model**-0.5) or logits_dense."""
