@@ -9,7 +9,9 @@ load-balancing loss E^2 * mean_e(fraction of tokens whose first choice is e * me
 probability of e) is sown into the "aux_loss" collection times model.moe_aux_loss_weight;
 ``sown_aux_loss`` adds it up for the training loss. Expert weights carry the logical axis
 "expert" (partitioning.py maps it onto a mesh axis), so each device holds its own experts and
-the dispatched tokens [E, B, C, D] move to them (an all-to-all under GSPMD).
+the dispatched tokens [E, B, C, D] move to them (an all-to-all under GSPMD). Padding tokens
+are routed like real ones (the reference leaves them out of routing; with packed sequences
+there are few).
 """
 
 from __future__ import annotations
