@@ -25,12 +25,10 @@ import re
 
 from t5lite.tpu import hlo_cost
 
-# Latency of one ring step of a collective (a hop between neighbouring chips plus its
-# synchronisation): an assumption of the order the published ICI figures give (a few
-# microseconds end to end for small collectives); it matters only for many small collectives.
+# Latency of one ring step of a collective (a hop between neighbouring chips and its
+# synchronisation): an assumed microsecond, not a measured figure; it matters only where a
+# step has many small collectives (the calibration rows' are large: bench/RESULTS.md).
 HOP_SECONDS = 1e-6
-_START = ("-start",)
-_ASYNC_DONE = ("-done",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +55,7 @@ class Torus:
 
 
 def grid_coords(shape) -> list:
-    """Physical coordinates of chips numbered row-major over ``shape``, the first dimension
+    """Physical coordinates of chips numbered over ``shape`` with the first dimension
     fastest (as TPU device ids count x first)."""
     out = []
     for i in range(math.prod(shape)):
