@@ -201,9 +201,11 @@ def param_count_table(names=None) -> str:
 
     if not names:
         names = sorted(n for n in config_lib.available_configs() if "/" not in n)
-    rows = [("config", "architecture", "d_model", "layers", "params", "w/o heads", "published")]
+    rows = [("config", "architecture", "d_model", "layers", "params", "w/o heads", "published",
+             "TPU slice")]
     for name in names:
-        cfg = config_lib.load_config(name).model
+        full = config_lib.load_config(name)
+        cfg = full.model
         total, body = layerwise_counts(cfg)
         n_layers = {"encoder_decoder": f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers}",
                     "encoder_only": str(cfg.num_encoder_layers)}.get(
@@ -211,11 +213,12 @@ def param_count_table(names=None) -> str:
         pub = PUBLISHED.get(name)
         pub_s = f"{pub / 1e6:.1f}M ({100 * (body - pub) / pub:+.2f}%)" if pub else ""
         rows.append((name, cfg.architecture, str(cfg.d_model), n_layers, _human(total),
-                     _human(body), pub_s))
+                     _human(body), pub_s, full.mesh.topology))
     return format_table(rows) + (
         "\nparams: every trainable parameter. w/o heads: without task heads (BERT MLM "
         "transform + output bias, NSP, classifier), i.e. BertModel with pooler; "
-        "T5 and GPT-2 count their (tied or untied) LM head.")
+        "T5 and GPT-2 count their (tied or untied) LM head. TPU slice: the one the config's "
+        "mesh, remat and batch are chosen for (mesh.topology; `t5lite compile` defaults to it).")
 
 
 def _human(n: int) -> str:
