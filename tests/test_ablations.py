@@ -466,8 +466,9 @@ def test_estimate_steps_and_tokens(capsys):
 
 @pytest.mark.slow
 def test_estimate_topology_compiles_each_row_for_the_slice(capsys):
-    """TPU-hours = steps x `t5lite compile`'s est_step_seconds x chips (a real AOT compile of
-    the tiny row for a 4-chip v5e slice; needs libtpu, as the test extra installs)."""
+    """TPU-hours = steps x `t5lite compile`'s expected_step_seconds x chips (a real AOT
+    compile of the tiny row for a 4-chip v5e slice; needs libtpu, as the test extra
+    installs)."""
     got = ablations.estimate("table2", rows=["encdec_denoising"], scale="tiny",
                              topology="v5litepod-4")
     row = got["rows"]["encdec_denoising"]
