@@ -233,3 +233,29 @@ def test_a_collective_pipelined_across_loop_iterations_hides_behind_the_wrapped_
     # they cover none of it
     assert covered["exposed_seconds"] < 0.2 * exposed["exposed_seconds"]
     assert exposed["exposed_seconds"] == pytest.approx(5 * gather_seconds(), rel=0.2)
+
+
+@pytest.mark.parametrize("row", ["maxtext_16b_v5e-256", "maxtext_32b_v5p-128"])
+def test_a_published_run_is_expected_within_10_mfu_points(row):
+    """The compiled programs of two MaxText runs with published MFU (bench/
+    calibrate_step_time.py wrote them: the same shapes, slice, batch, remat, mesh and XLA
+    flags; the fixture names its source): the expected step lands within 10 points of the
+    measured figure, and the roofline bound above it."""
+    import gzip
+    import json
+    import os
+
+    from t5lite.tpu import topology
+    here = os.path.join(os.path.dirname(__file__), "step_time_fixtures")
+    with open(os.path.join(here, f"{row}.json")) as f:
+        meta = json.load(f)
+    with gzip.open(os.path.join(here, f"{row}.hlo.gz"), "rt") as f:
+        text = f.read()
+    topo = topology.parse_topology(meta["topology"])
+    chip = topo.chip
+    bound = max(hlo_cost.roofline_seconds(hlo_cost.hlo_costs(text, chip), chip).values())
+    expected = max(step_time.expected_step(text, chip, topo.shape, meta["coords"])["seconds"],
+                   bound)
+    mfu = lambda seconds: meta["maxtext_flops_per_chip"] / (seconds * chip.peak_flops)  # noqa
+    assert abs(mfu(expected) - meta["measured_mfu"]) < 0.10
+    assert mfu(bound) > meta["measured_mfu"]
