@@ -290,4 +290,5 @@ def test_render_shows_the_papers_columns_and_bolds_what_beats_the_baseline(tmp_p
     assert "| 223 | 11.1 | 3.50 | 2.182 | 1.838 | 71.66 |" in lines["Vanilla Transformer"]
     assert "**75.79**" in lines["GeLU"] and "**2.179**" in lines["GeLU"]
     assert "| 2.270 |" in lines["ELU"]  # a higher loss than the baseline: not bold
+    assert "| 3.58 |" in lines["GeLU"]  # cost columns are never bold
     assert "Narang et al. 2021" in text

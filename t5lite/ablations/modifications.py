@@ -301,6 +301,7 @@ TABLE = Table(
                  "pretraining; bold = better than the vanilla Transformer (the paper's rule).",
     bold_vs_baseline=True,
     lower_is_better=LOWER_IS_BETTER,
+    plain_columns=("Params (M)", "Ops (T)", "Step/s"),
     paper_decimals=DECIMALS,
     pretrain_columns=True,
     scale_overrides=(("paper", (), PAPER_FINETUNE),),

@@ -66,7 +66,7 @@ def _bold_rows(table: Table, done: dict, keys: list[str], paper_rows: list[Row])
 
 def _beats_baseline(table: Table, values: dict, column: str) -> set:
     """The rows better than the baseline row in ``column`` (lower_is_better: smaller)."""
-    if table.baseline not in values:
+    if table.baseline not in values or column in table.plain_columns:
         return set()
     base, sign = values[table.baseline], -1 if column in table.lower_is_better else 1
     return {r for r, v in values.items() if r != table.baseline and sign * (v - base) > 1e-12}

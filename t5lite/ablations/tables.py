@@ -56,6 +56,7 @@ class Table:
     paper_source: str = ""  # "" = the T5 paper's note under the rendered table
     bold_vs_baseline: bool = False
     lower_is_better: tuple = ()
+    plain_columns: tuple = ()  # paper columns never bolded (cost: parameters, speed)
     paper_decimals: tuple = ()  # ((column, decimals), ...) where not 2
     # measure the pretraining run's parameters, steps/s and early / final loss too
     # (ablations/pretrain_columns.py)
