@@ -3,7 +3,6 @@ slice, the fitting ones ranked by expected step time (step_time.py)."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 from t5lite.errors import UserError
@@ -26,38 +25,50 @@ def _factorisations(chips: int, max_tensor: int = 8):
     return out
 
 
+def _try_remats(cfg, topo, devices, hbm_bytes, log, tried, config_lib, mesh_sets):
+    """Compile cfg with mesh_sets under each remat policy -> the reports that fit, or None when
+    the mesh does not divide the config (UserError)."""
+    found = []
+    for remat in ("none", "minimal", "full"):
+        sets = mesh_sets[:3] + [f"model.remat={remat}"] + mesh_sets[3:]
+        try:
+            r = compile_step(config_lib.apply_overrides(cfg, sets), topo, devices, hbm_bytes)
+        except UserError as e:
+            tried.append({"set": sets, "error": str(e)})
+            log(f"  skip {' '.join(sets)}: {e}")
+            return None
+        r["set"] = sets
+        tried.append(r)
+        log(f"  {' '.join(sets)}: {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, "
+            f"{'fits' if r['fits'] else 'does not fit'}"
+            + (f", expected {r['expected_step_seconds']:.3g} s" if r["compiled"] else
+               " (XLA: out of HBM)"))
+        if r["fits"]:
+            found.append(r)
+    return found
+
+
 def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 8) -> dict:
-    """Try meshes x remat policies x micro-batch counts; per mesh the first that fits in the
-    order none, minimal, full, then more micro-batches (each step costs time, not memory).
+    """Try meshes x remat policies x micro-batch counts: per mesh every remat policy (none,
+    minimal, full) at the fewest micro-batches any of them fits with (more micro-batches cost
+    time, not memory). All policies that fit are compiled: less remat is not always faster
+    (a step without remat can be HBM-bound and slower; bench/RESULTS.md, issue 34).
     -> {"candidates": [report...] fitting, fastest first, "tried": [...], "best": report|None,
     "why_none": str}."""
     from t5lite import config as config_lib
     devices = abstract_devices(topo)
     fitting, tried = [], []
-    remats = ("none", "minimal", "full")
     for data, fsdp, tensor in _factorisations(topo.chips):
         accums = [a for a in (1, 2, 4, 8, 16) if a <= max_accum]
-        for accum, remat in itertools.product(accums, remats):
-            sets = [f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}",
-                    f"model.remat={remat}", f"train.grad_accum_steps={accum}"]
-            c = config_lib.apply_overrides(cfg, sets)
-            try:
-                r = compile_step(c, topo, devices, hbm_bytes)
-            except UserError as e:  # does not divide the batch / parameters: next mesh
-                tried.append({"set": sets, "error": str(e)})
-                log(f"  skip {' '.join(sets)}: {e}")
+        for accum in accums:
+            found = _try_remats(cfg, topo, devices, hbm_bytes, log, tried, config_lib,
+                                [f"mesh.data={data}", f"mesh.fsdp={fsdp}",
+                                 f"mesh.tensor={tensor}", f"train.grad_accum_steps={accum}"])
+            if found is None:  # does not divide the batch / parameters: next mesh
                 break
-            r["set"] = sets
-            tried.append(r)
-            log(f"  {' '.join(sets)}: {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, "
-                f"{'fits' if r['fits'] else 'does not fit'}"
-                + (f", expected {r['expected_step_seconds']:.3g} s" if r["compiled"] else
-                   " (XLA: out of HBM)"))
-            if r["fits"]:
-                fitting.append(r)
+            fitting += found
+            if found:
                 break
-        else:
-            continue
     fitting.sort(key=lambda r: r["expected_step_seconds"])
     why = ""
     if not fitting:
