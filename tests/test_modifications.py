@@ -245,7 +245,7 @@ def test_paper_scale_is_the_papers_setting():
         768, 3072, 12, 12, "relu", "layernorm", "relative", True, True)
     assert pre.cfg.train.steps == 2 ** 19 and pre.cfg.data.batch_size == 128
     assert pre.cfg.data.mixture_or_task == "c4_span_corruption"
-    sglue, wmt = fts
+    sglue, _, _, wmt = fts  # SuperGLUE, XSum, WebQuestions (tests/test_xsum_webq.py), WMT
     assert sglue.cfg.optim.learning_rate == 5e-4 and sglue.start == 2 ** 19
     assert wmt.task == "wmt_ende_scratch" and wmt.cfg.train.steps == 150000
     assert wmt.cfg.checkpoint.init_from == "" and wmt.start == 0
@@ -279,6 +279,11 @@ def test_pretraining_columns_are_read_from_the_pretraining_run(tmp_path):
     text = ablations.render(TABLE, str(tmp_path))
     assert "| pretrain final_loss |" in text.splitlines()[2]
     assert "**2.50**" in text and "**3.00**" not in text
+    # cost columns (parameters, step rate) are never bold, as the paper's own
+    header = text.splitlines()[2].split(" | ")
+    cost = [header.index(f"pretrain {k}") for k in ("params_M", "steps_per_s")]
+    for line in text.splitlines()[4:6]:
+        assert not any(line.split(" | ")[i].startswith("**") for i in cost), line
 
 
 def test_render_shows_the_papers_columns_and_bolds_what_beats_the_baseline(tmp_path):

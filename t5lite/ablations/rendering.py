@@ -7,7 +7,7 @@ from typing import Optional
 
 from t5lite.ablations.files import join_path, read_json, row_dir
 from t5lite.ablations.paper import DOWNSTREAM
-from t5lite.ablations.pretrain_columns import KEYS as PRETRAIN_KEYS
+from t5lite.ablations.pretrain_columns import KEYS as PRETRAIN_KEYS, PLAIN_KEYS
 from t5lite.ablations.tables import Row, Table
 
 
@@ -53,7 +53,9 @@ def _bold_rows(table: Table, done: dict, keys: list[str], paper_rows: list[Row])
                 if len(res.get("runs", {})) > 1}
         spread = stds.get(table.baseline) if table.baseline in stds else (
             sum(stds.values()) / len(stds) if stds else 0.0)
-        if k.endswith("loss"):  # less is better: the best is the largest negated loss
+        if k in PLAIN_KEYS:
+            bold[k] = set()
+        elif k.endswith("loss"):  # less is better: the best is the largest negated loss
             bold[k] = _bold_set({n: -v for n, v in vals.items()}, spread)
         else:
             bold[k] = _bold_set(vals, spread)
