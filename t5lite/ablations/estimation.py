@@ -13,12 +13,18 @@ from t5lite.monitor import flops as flops_lib
 from t5lite.tpu import report as tpu_report
 
 
-def _compile_report(stage: Stage, topology: str, cache: dict) -> dict:
+# a compile cache holding this key only reads the stages it holds (preload) and compiles none
+OFFLINE = ("offline",)
+
+
+def compile_report(stage: Stage, topology: str, cache: dict) -> dict:
     """The AOT compile report of one stage's train step on ``topology`` (what `t5lite compile
     --json` prints), cached by the stage's config file and overrides."""
     key = (stage.config, tuple(stage.overrides))
     if key in cache:
         return cache[key]
+    if cache.get(OFFLINE):
+        raise UserError(f"{stage.workdir} ({stage.kind}) is not among the compiled stages")
     try:
         from t5lite.tpu.compile import compile_step
         from t5lite.tpu.topology import parse_topology, require_libtpu
@@ -39,20 +45,75 @@ def _compile_report(stage: Stage, topology: str, cache: dict) -> dict:
     return cache[key]
 
 
+def _baseline_stages(table: Table, tasks: tuple, scale: str,
+                     overrides: Sequence[str]) -> dict:
+    """{(kind, task): stage} of the baseline row ({} when the table has none)."""
+    if not table.baseline:
+        return {}
+    return {(st.kind, st.task): st for st in row_training_stages(
+        table, table.row(table.baseline), "/estimate", tasks, scale, overrides)}
+
+
+def _fitting_report(table: Table, row_name: str, stage: Stage, topology: str,
+                    cache: dict) -> dict:
+    report = compile_report(stage, topology, cache)
+    if not report.get("fits", True):
+        raise UserError(f"{table.name}/{row_name} {stage.kind} does not fit "
+                        f"{topology} ({report.get('bytes_per_chip', {}).get('total')} "
+                        f"bytes per chip); try a larger topology or --set "
+                        "mesh / remat settings.")
+    return report
+
+
 def _chip_seconds(table: Table, row_name: str, stages: list[Stage], topology: str,
-                  cache: dict) -> float:
-    """Chips x expected step seconds x steps, summed over the stages."""
-    seconds = 0.0
+                  cache: dict, baseline: dict | None = None) -> float:
+    """Chips x expected step seconds x steps, summed over the stages. With ``baseline`` (the
+    baseline row's stages, _baseline_stages): a finetuning stage is not compiled; its step is
+    the baseline's compiled step of that stage times this row's pretraining step over the
+    baseline's."""
+    seconds, ratio = 0.0, None
+    pre = next((st for st in stages if st.kind == "pretrain"), None)
+    base_pre = (baseline or {}).get(("pretrain", ""))
     for st in stages:
-        report = _compile_report(st, topology, cache)
-        if not report.get("fits", True):
-            raise UserError(f"{table.name}/{row_name} {st.kind} does not fit "
-                            f"{topology} ({report.get('bytes_per_chip', {}).get('total')} "
-                            f"bytes per chip); try a larger topology or --set "
-                            "mesh / remat settings.")
-        step, _ = tpu_report.step_figures(report)  # the expected step
-        seconds += (st.cfg.train.steps - st.start) * float(step) * int(report["chips"])
+        base = ((baseline or {}).get((st.kind, st.task))
+                if st.kind != "pretrain" and pre is not None and base_pre is not None
+                else None)
+        if base is None:
+            report = _fitting_report(table, row_name, st, topology, cache)
+            step = float(tpu_report.step_figures(report)[0])
+        else:
+            if ratio is None:
+                ratio = (_step(table, row_name, pre, topology, cache)
+                         / _step(table, table.baseline, base_pre, topology, cache))
+            report = _fitting_report(table, table.baseline, base, topology, cache)
+            step = float(tpu_report.step_figures(report)[0]) * ratio
+        seconds += (st.cfg.train.steps - st.start) * step * int(report["chips"])
     return seconds
+
+
+def _step(table: Table, row_name: str, stage: Stage, topology: str, cache: dict) -> float:
+    """The expected step seconds of a stage that must fit."""
+    return float(tpu_report.step_figures(
+        _fitting_report(table, row_name, stage, topology, cache))[0])
+
+
+def preload(cache: dict, lines: Sequence[dict], topology: str) -> int:
+    """Put already compiled stages (bench/modifications_compile.py's JSON lines: their stage's
+    config and overrides beside the compile's figures) into an estimate's compile cache, so
+    the estimate compiles only what they lack; -> how many were taken. Lines of another
+    topology, with extra --set overrides or an error are skipped."""
+    n = 0
+    for line in lines:
+        if (line.get("topology") != topology or line.get("extra") or "error" in line
+                or "overrides" not in line):
+            continue
+        cache[(line["config"], tuple(line["overrides"]))] = {
+            "fits": line["fits"], "chips": line["chips"],
+            "expected_step_seconds": line.get("expected_step_seconds"),
+            "roofline_step_seconds": line.get("roofline_step_seconds"),
+            "bytes_per_chip": {"total": round(line["peak_gib_per_chip"] * 1024 ** 3)}}
+        n += 1
+    return n
 
 
 def _hours(h: float) -> str:
@@ -60,28 +121,67 @@ def _hours(h: float) -> str:
 
 
 def _print_estimate(table: Table, scale: str, seeds: int, topology: str, rows: dict,
-                    total: dict) -> None:
+                    total: dict, finetuning: str) -> None:
     head = ["row", "train steps", "tokens"] + (["TPU-hours"] if topology else [])
     lines = [" | ".join(head)]
     for name, e in list(rows.items()) + [("total", total)]:
-        lines.append(" | ".join([name, f"{e['steps']:,}", f"{e['tokens']:.3g}"]
-                                + ([_hours(e["tpu_hours"])] if topology else [])))
+        hours = e.get("tpu_hours")
+        lines.append(" | ".join([name, f"{e['steps']:,}", f"{e['tokens']:.3g}"] + (
+            [_hours(hours) if hours is not None else "-"] if topology else [])))
+    notes = [f"{name}: {e['not_estimated']}" for name, e in rows.items()
+             if e.get("not_estimated")]
+    how = ""
+    if topology:
+        how = ("; TPU-hours = chips x the compiled expected step x steps" + (
+            ", each finetuning stage's step the baseline's compiled one x the row's "
+            "pretraining step / the baseline's (the row's own finetuning is not compiled)"
+            if finetuning == "scaled" and table.baseline else ", every stage compiled"))
     print(f"{table.name} at --scale {scale}" + (f" on {topology}" if topology else "")
-          + f", {seeds} seed(s); training only (the per-checkpoint evaluations come on top):\n"
-          + "\n".join(lines), flush=True)
+          + f", {seeds} seed(s); training only (the per-checkpoint evaluations come on top)"
+          + how + ":\n" + "\n".join(lines)
+          + "".join(f"\nnot in the total: {n}" for n in notes), flush=True)
+
+
+def _check_topology(topology: str) -> None:
+    """Say once, before any row, that this install cannot compile for a TPU."""
+    try:
+        from t5lite.tpu.topology import parse_topology, require_libtpu
+        import t5lite.tpu.compile  # noqa: F401
+    except ImportError:
+        raise UserError("--topology needs `t5lite compile` (AOT compile for TPU), which "
+                        "this install lacks; --estimate without --topology prints the "
+                        "steps and tokens.") from None
+    parse_topology(topology)
+    require_libtpu()
 
 
 def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] = (),
              scale: str = "paper", overrides: Sequence[str] = (), seeds: int = 1,
-             topology: str = "") -> dict:
+             topology: str = "", finetuning: str = "scaled",
+             compiled: Sequence[dict] = (), compile_missing: bool = True) -> dict:
     """Steps and tokens of every training stage of the rows (x seeds), and with ``topology``
     the estimated TPU-hours from the AOT compile (chips x expected_step_seconds x steps); prints a
-    table; -> {"rows": {row: {...}}, "total": {...}}. Evaluation is not counted."""
+    table; -> {"rows": {row: {...}}, "total": {...}}. Evaluation is not counted.
+
+    ``finetuning``: "scaled" compiles each row's pretraining stage and the baseline row's
+    finetuning stages, and models a row's finetuning step as the baseline's times the row's
+    pretraining step ratio (one compile per row instead of one per stage); "compiled" compiles
+    every stage. ``compiled``: already compiled stages (``preload``); ``compile_missing=False``
+    compiles nothing else. A row that does not fit
+    or fails to compile gets no TPU-hours and a note, and stays out of the total."""
     table = as_table(table)
+    if finetuning not in ("scaled", "compiled"):
+        raise UserError(f"finetuning={finetuning!r}: use 'scaled' or 'compiled'")
     selected = [table.row(r) for r in rows] if rows else list(table.rows)
     tasks = tuple(tasks) or default_tasks(table, scale)
     check_tasks(tasks)
     cache, out = {}, {}
+    if topology:
+        _check_topology(topology)
+        preload(cache, compiled, topology)
+        cache[OFFLINE] = not compile_missing
+    baseline = (_baseline_stages(table, tasks, scale, overrides)
+                if topology and finetuning == "scaled" else None)
     for row in selected:
         stages = row_training_stages(table, row, "/estimate", tasks, scale, overrides)
         steps = sum(st.cfg.train.steps - st.start for st in stages) * seeds
@@ -89,11 +189,14 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
                      for st in stages) * seeds
         entry = {"steps": steps, "tokens": tokens}
         if topology:
-            seconds = _chip_seconds(table, row.name, stages, topology, cache)
-            entry["tpu_hours"] = seconds * seeds / 3600
+            try:
+                seconds = _chip_seconds(table, row.name, stages, topology, cache, baseline)
+                entry["tpu_hours"] = seconds * seeds / 3600
+            except UserError as e:
+                entry.update(tpu_hours=None, not_estimated=str(e))
         out[row.name] = entry
     total = {k: sum(e[k] for e in out.values()) for k in ("steps", "tokens")}
     if topology:
-        total["tpu_hours"] = sum(e["tpu_hours"] for e in out.values())
-    _print_estimate(table, scale, seeds, topology, out, total)
+        total["tpu_hours"] = sum(e["tpu_hours"] or 0.0 for e in out.values())
+    _print_estimate(table, scale, seeds, topology, out, total, finetuning)
     return {"rows": out, "total": total}

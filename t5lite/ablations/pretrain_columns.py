@@ -5,6 +5,7 @@ run's own metrics.jsonl, so they sit beside the paper's in the rendered table.""
 from __future__ import annotations
 
 import statistics
+from typing import Optional, Sequence
 
 from t5lite.ablations.plan import Stage
 
@@ -36,3 +37,56 @@ def pretraining_metrics(pre: Stage) -> dict:
         if rates:
             out["pretrain/steps_per_s"] = float(statistics.median(rates))
     return out
+
+
+def compiled_lines(lines: Sequence[dict], topology: str, stage: str = "pretrain") -> dict:
+    """{row: its last line} of a compile log (bench/modifications_compile.py's JSON lines) for
+    ``topology`` and ``stage`` compiled as the table plans it (no extra --set): a later line
+    of a row replaces an earlier one (a retried compile)."""
+    return {x["row"]: x for x in lines if x.get("topology") == topology
+            and x.get("stage") == stage and not x.get("extra")}
+
+
+def _cell(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _compiled_cells(line: dict, base: Optional[dict]) -> list:
+    """fits / peak / Ops / step/s / x baseline cells of one compiled row."""
+    if "error" in line:
+        return ["error", "-", "-", "-", "-", "-"]
+    step = line.get("expected_step_seconds")
+    rate = 1 / step if step else None
+    roof = line.get("roofline_step_seconds")
+    base_step = (base or {}).get("expected_step_seconds")
+    ratio = base_step / step if step and base_step else None
+    return ["yes" if line["fits"] else "**no**", f"{line['peak_gib_per_chip']:.2f}",
+            _cell(line.get("ops_T"), ".1f"), _cell(rate, ".2f"),
+            _cell(1 / roof if roof else None, ".2f"), _cell(ratio, ".2f")]
+
+
+def compiled_table(table, lines: Sequence[dict], topology: str) -> str:
+    """A markdown table of the rows compiled for ``topology``, in the table's order: fits,
+    peak GiB per chip, compiled Ops (FLOPs of one step over all chips, T) beside the paper's
+    Ops, expected and roofline steps per second beside the paper's Step/s, and both step
+    rates relative to the baseline row (the paper measured on other hardware: the ratios are
+    what compares). Rows not compiled are left out; a failed compile says "error"."""
+    rows = compiled_lines(lines, topology)
+    base = rows.get(table.baseline)
+    base_paper = dict(zip(table.paper_columns, table.row(table.baseline).paper))
+    head = ["Row", "scanned", "fits", "peak GiB / chip", "Ops (T)", "paper Ops (T)",
+            "step/s expected", "step/s roofline", "paper Step/s", "x base (expected)",
+            "x base (paper)"]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in table.rows:
+        if row.name not in rows:
+            continue
+        line, paper = rows[row.name], dict(zip(table.paper_columns, row.paper))
+        scanned = "/".join("scan" if s else "unrolled"
+                           for s in line.get("scanned", {}).values()) or "-"
+        cells = _compiled_cells(line, base)
+        paper_ratio = paper["Step/s"] / base_paper["Step/s"]
+        out.append("| " + " | ".join(
+            [row.label[0], scanned] + cells[:3] + [f"{paper['Ops (T)']:.1f}"] + cells[3:5]
+            + [f"{paper['Step/s']:.2f}", cells[5], f"{paper_ratio:.2f}"]) + " |")
+    return "\n".join(out)

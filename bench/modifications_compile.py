@@ -1,0 +1,152 @@
+"""Compile the pretraining step of every row of Narang et al. 2021's Table 1 (the
+modifications table) for a TPU slice on this host, one row at a time, and put the compiled
+cost beside the paper's Ops and Step/s columns.
+
+Each row's stage is exactly what `t5lite ablate --table modifications --scale paper` would
+train (t5lite/ablations/plan.py: T5 1.0 base sizes, batch 128 x (512 inputs, 114 span
+corruption targets), bfloat16, the row's overrides); t5lite.tpu.compile.compile_step compiles
+it and reads its per-chip peak memory, the HLO's matmul FLOPs (while loops, scanned layers
+included, times their trip counts), the roofline bound and the expected step
+(t5lite/tpu/step_time.py). One JSON line per row is appended to --out; a rerun skips the
+(row, stage, topology, --set) keys already there, so a killed run resumes.
+
+    nice -n 10 python bench/modifications_compile.py --topology v4-8 [--rows vanilla gelu]
+    python bench/modifications_compile.py --render   # the markdown table + TPU-hours
+
+--stage finetune_<task> compiles a finetuning stage instead (the TPU-hours estimate scales
+the baseline's by each row's pretraining step ratio: t5lite/ablations/estimation.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+
+from t5lite.ablations import estimation, pretrain_columns
+from t5lite.ablations.modifications import TABLE
+from t5lite.ablations.plan import default_tasks, row_training_stages
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "modifications_compile.jsonl")
+TOPOLOGY = "v4-8"  # 4 chips: the chip count of the paper's v3-8 (its README's 2x2 topology)
+GiB = 1024 ** 3
+
+
+def stage_of(row_name: str, stage: str, extra: list):
+    """The row's training stage named ``stage`` ("pretrain" or "finetune_<task>") at paper
+    scale, with the bench's own --set overrides on top."""
+    tasks = default_tasks(TABLE, "paper")
+    if stage.startswith("finetune_"):
+        tasks = (stage[len("finetune_"):],)
+    stages = row_training_stages(TABLE, TABLE.row(row_name), "/estimate", tasks, "paper",
+                                 extra)
+    named = {s.kind if s.kind == "pretrain" else f"finetune_{s.task}": s for s in stages}
+    if stage not in named:
+        raise SystemExit(f"{row_name} has no stage {stage!r}; it has {sorted(named)}")
+    return named[stage]
+
+
+def scanned_stacks(cfg) -> dict:
+    """Which stacks compile as one scanned layer (heterogeneous stacks are unrolled)."""
+    from t5lite.models import layer_plan, sharing
+    out = {}
+    for kind, n in (("encoder", cfg.model.num_encoder_layers),
+                    ("decoder", cfg.model.num_decoder_layers)):
+        shared = sharing.shares_block(cfg.model, kind)
+        out[kind] = cfg.model.scan_layers and (shared or layer_plan.scanned(cfg.model, kind, n))
+    return out
+
+
+def record(row_name: str, stage: str, topology: str, extra: list) -> dict:
+    """Compile one row's stage -> its JSON line (an ``error`` line when the compile failed)."""
+    from t5lite import models
+    st = stage_of(row_name, stage, extra)
+    paper = dict(zip(TABLE.paper_columns, TABLE.row(row_name).paper))
+    line = {"row": row_name, "stage": stage, "topology": topology, "extra": extra,
+            "config": st.config, "overrides": st.overrides,
+            "params_M": round(models.count_params(st.cfg.model) / 1e6, 1),
+            "scanned": scanned_stacks(st.cfg), "paper_ops_T": paper["Ops (T)"],
+            "paper_step_per_s": paper["Step/s"], "load_before": os.getloadavg()[0],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    t0 = time.time()
+    try:
+        r = estimation.compile_report(st, topology, {})
+    except Exception as e:  # noqa: BLE001 - keep the row's failure as data, go on
+        return dict(line, error=f"{type(e).__name__}: {str(e).strip()[:400]}",
+                    wall_s=round(time.time() - t0, 1))
+    return dict(line, **summary(r), wall_s=round(time.time() - t0, 1))
+
+
+def summary(r: dict) -> dict:
+    """The fields the table and the estimate read from a compile report."""
+    chips = int(r["chips"])
+    flops = r.get("flops_per_chip")
+    return {
+        "fits": bool(r["fits"]), "compiled": bool(r.get("compiled", True)), "chips": chips,
+        "mesh": r["mesh"], "peak_gib_per_chip": round(r["bytes_per_chip"]["total"] / GiB, 3),
+        "hbm_gib_per_chip": round(r["hbm_bytes_per_chip"] / GiB, 2),
+        "ops_T": flops * chips / 1e12 if flops is not None else None,
+        "model_ops_T": r["model_flops_per_chip"] * chips / 1e12,
+        "cost_analysis_ops_T": (r["cost_analysis_flops_per_chip"] * chips / 1e12
+                                if r.get("cost_analysis_flops_per_chip") is not None else None),
+        "loop_scale": r.get("loop_scale"), "bound": r.get("bound"),
+        "roofline_step_seconds": r.get("roofline_step_seconds"),
+        "expected_step_seconds": r.get("expected_step_seconds"),
+        "expected_mfu": r.get("expected_mfu"), "compile_seconds": r.get("compile_seconds"),
+        "xla_error": r.get("xla_error"),
+    }
+
+
+def read_lines(path: str) -> list:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(s) for s in f if s.strip()]
+
+
+def key(line: dict) -> tuple:
+    return (line["row"], line["stage"], line["topology"], tuple(line.get("extra", ())))
+
+
+def render(lines: list, topology: str) -> None:
+    """The compiled rows beside the paper's columns, then the whole table's TPU-hours at paper
+    scale from the compiled steps (a row whose stages are not all compiled is left out of the
+    total and named; nothing is compiled here)."""
+    print(pretrain_columns.compiled_table(TABLE, lines, topology) + "\n")
+    estimation.estimate(TABLE, scale="paper", topology=topology, compiled=lines,
+                        compile_missing=False)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--topology", default=TOPOLOGY)
+    p.add_argument("--rows", nargs="*", default=[r.name for r in TABLE.rows])
+    p.add_argument("--stage", default="pretrain", help="pretrain or finetune_<task>")
+    p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra override on every row (e.g. model.scan_layers=False)")
+    p.add_argument("--out", default=OUT)
+    p.add_argument("--retry-errors", action="store_true",
+                   help="compile again the rows whose line is an error")
+    p.add_argument("--render", action="store_true", help="print the table and TPU-hours")
+    args = p.parse_args(argv)
+    if args.render:
+        render(read_lines(args.out), args.topology)
+        return
+    done = {key(x) for x in read_lines(args.out) if not (args.retry_errors and "error" in x)}
+    for name in args.rows:
+        k = (name, args.stage, args.topology, tuple(args.extra))
+        if k in done:
+            continue
+        line = record(name, args.stage, args.topology, args.extra)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        print(json.dumps({x: line.get(x) for x in (
+            "row", "fits", "peak_gib_per_chip", "ops_T", "expected_step_seconds", "wall_s",
+            "error")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

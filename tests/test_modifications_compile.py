@@ -1,0 +1,112 @@
+"""The modifications table's compiled cost (issue 38 item 3): the TPU-hours estimate read from
+compiled stages (bench/modifications_compile.py's JSON lines), its finetuning stages modelled
+as the baseline's compiled step scaled by each row's pretraining step ratio, and the table of
+compiled Ops and step rates beside the paper's. No compile runs here: the lines stand for
+compiles (their stages' real planned configs and overrides, their figures chosen so the
+arithmetic is checkable)."""
+
+import functools
+
+import pytest
+
+from t5lite import ablations
+from t5lite.ablations import estimation, pretrain_columns
+from t5lite.ablations.modifications import TABLE
+from t5lite.ablations.plan import default_tasks, row_training_stages
+from t5lite.errors import UserError
+
+TOPO = "v4-8"
+GiB = 1024 ** 3
+
+
+@functools.lru_cache(maxsize=None)
+def _stages(row: str) -> dict:
+    stages = row_training_stages(TABLE, TABLE.row(row), "/estimate",
+                                 default_tasks(TABLE, "paper"), "paper")
+    return {st.kind if st.kind == "pretrain" else f"finetune_{st.task}": st for st in stages}
+
+
+def _line(row: str, stage: str, step: float, **kw) -> dict:
+    st = _stages(row)[stage]
+    return dict({"row": row, "stage": stage, "topology": TOPO, "extra": [],
+                 "config": st.config, "overrides": st.overrides, "fits": True, "chips": 4,
+                 "peak_gib_per_chip": 10.0, "ops_T": 44.4, "expected_step_seconds": step,
+                 "roofline_step_seconds": step * 0.8, "scanned": {"encoder": True,
+                                                                  "decoder": True}}, **kw)
+
+
+def _steps() -> dict:
+    """A made-up expected step per vanilla stage: 0.1 s pretraining, 0.3, 0.5 ... finetuning."""
+    return {name: 0.1 + 0.2 * i for i, name in enumerate(_stages("vanilla"))}
+
+
+def _compiled() -> list:
+    """vanilla: every stage compiled; swiglu: only its pretraining (twice as slow)."""
+    return ([_line("vanilla", name, step) for name, step in _steps().items()]
+            + [_line("swiglu", "pretrain", 0.2)])
+
+
+def test_finetuning_is_the_baselines_step_scaled_by_the_pretraining_ratio(capsys):
+    got = ablations.estimate(TABLE, rows=["vanilla", "swiglu"], scale="paper", topology=TOPO,
+                             compiled=_compiled(), compile_missing=False)
+    stages, steps = _stages("vanilla"), _steps()
+    assert stages["pretrain"].cfg.train.steps == 2 ** 19
+    vanilla = 4 * sum((st.cfg.train.steps - st.start) * steps[name]
+                      for name, st in stages.items()) / 3600
+    assert got["rows"]["vanilla"]["tpu_hours"] == pytest.approx(vanilla)
+    # swiglu's pretraining step is 2x vanilla's: its finetuning stages are modelled 2x too
+    assert got["rows"]["swiglu"]["tpu_hours"] == pytest.approx(2 * vanilla)
+    assert got["total"]["tpu_hours"] == pytest.approx(3 * vanilla)
+    out = capsys.readouterr().out
+    assert f"on {TOPO}" in out and "pretraining step / the baseline's" in out
+
+
+def test_a_row_not_compiled_or_not_fitting_stays_out_of_the_total(capsys):
+    lines = _compiled() + [_line("gelu", "pretrain", 0.1, fits=False,
+                                 peak_gib_per_chip=40.0)]
+    got = ablations.estimate(TABLE, rows=["vanilla", "gelu", "elu"], scale="paper",
+                             topology=TOPO, compiled=lines, compile_missing=False)
+    assert got["rows"]["gelu"]["tpu_hours"] is None
+    assert "does not fit" in got["rows"]["gelu"]["not_estimated"]
+    assert "not among the compiled stages" in got["rows"]["elu"]["not_estimated"]
+    assert got["total"]["tpu_hours"] == pytest.approx(got["rows"]["vanilla"]["tpu_hours"])
+    out = capsys.readouterr().out
+    elu = [x for x in out.splitlines() if x.startswith("elu | ")]
+    e = got["rows"]["elu"]
+    assert elu == [f"elu | {e['steps']:,} | {e['tokens']:.3g} | -"]
+    assert "not in the total: gelu:" in out
+    # every stage compiled: swiglu's own finetuning is needed, and is not there
+    got = ablations.estimate(TABLE, rows=["swiglu"], scale="paper", topology=TOPO,
+                             compiled=_compiled(), compile_missing=False,
+                             finetuning="compiled")
+    assert "swiglu/finetune_" in got["rows"]["swiglu"]["not_estimated"]
+    with pytest.raises(UserError, match="scaled"):
+        ablations.estimate(TABLE, rows=["swiglu"], topology=TOPO, finetuning="sometimes")
+
+
+def test_preload_takes_only_this_topologys_plain_lines():
+    lines = _compiled()
+    lines += [dict(lines[0], topology="v5p-8"), dict(lines[0], extra=["x=1"]),
+              dict(lines[0], error="RuntimeError: boom")]
+    cache = {}
+    assert estimation.preload(cache, lines, TOPO) == len(_compiled())
+    st = _stages("vanilla")["pretrain"]
+    report = cache[(st.config, tuple(st.overrides))]
+    assert report["expected_step_seconds"] == 0.1 and report["bytes_per_chip"]["total"] == (
+        10 * GiB)
+
+
+def test_compiled_table_beside_the_papers_columns():
+    lines = _compiled() + [
+        _line("swiglu", "pretrain", 0.25, ops_T=50.0),  # a later line replaces the first
+        _line("fixup", "pretrain", 0.1, extra=["model.scan_layers=False"]),  # not the plan's
+        {"row": "gelu", "stage": "pretrain", "topology": TOPO, "extra": [],
+         "error": "RuntimeError: boom"}]
+    md = pretrain_columns.compiled_table(TABLE, lines, TOPO)
+    rows = {r.split(" | ")[0].strip("| "): r for r in md.splitlines()[2:]}
+    assert list(rows) == ["Vanilla Transformer", "GeLU", "SwiGLU"]  # the table's order
+    assert rows["Vanilla Transformer"] == (
+        "| Vanilla Transformer | scan/scan | yes | 10.00 | 44.4 | 11.1 | 10.00 | 12.50 | 3.50 "
+        "| 1.00 | 1.00 |")
+    assert "| 50.0 | 11.1 | 4.00 | 5.00 | 3.53 | 0.40 | 1.01 |" in rows["SwiGLU"]
+    assert "| error |" in rows["GeLU"]
