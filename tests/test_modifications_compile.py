@@ -36,14 +36,25 @@ def _line(row: str, stage: str, step: float, **kw) -> dict:
 
 
 def _steps() -> dict:
-    """A made-up expected step per vanilla stage: 0.1 s pretraining, 0.3, 0.5 ... finetuning."""
-    return {name: 0.1 + 0.2 * i for i, name in enumerate(_stages("vanilla"))}
+    """A made-up expected step per vanilla stage: 0.1 s pretraining, 0.5 s XSum (32 x (2048,
+    178)), 0.3 s the rest (batch 128 x (512, 512): one compiled step, step_key)."""
+    return {name: {"pretrain": 0.1, "finetune_xsum": 0.5}.get(name, 0.3)
+            for name in _stages("vanilla")}
 
 
 def _compiled() -> list:
-    """vanilla: every stage compiled; swiglu: only its pretraining (twice as slow)."""
-    return ([_line("vanilla", name, step) for name, step in _steps().items()]
+    """vanilla: pretraining, SuperGLUE and XSum compiled; swiglu: only its pretraining (twice
+    as slow)."""
+    return ([_line("vanilla", name, _steps()[name])
+             for name in ("pretrain", "finetune_super_glue", "finetune_xsum")]
             + [_line("swiglu", "pretrain", 0.2)])
+
+
+def test_finetuning_stages_alike_share_one_compile():
+    keys = {name: estimation.step_key(st.cfg) for name, st in _stages("vanilla").items()}
+    assert keys["finetune_web_questions"] == keys["finetune_super_glue"] == keys[
+        "finetune_wmt_ende_scratch"]
+    assert len({keys["pretrain"], keys["finetune_xsum"], keys["finetune_super_glue"]}) == 3
 
 
 def test_finetuning_is_the_baselines_step_scaled_by_the_pretraining_ratio(capsys):
@@ -91,7 +102,7 @@ def test_preload_takes_only_this_topologys_plain_lines():
     cache = {}
     assert estimation.preload(cache, lines, TOPO) == len(_compiled())
     st = _stages("vanilla")["pretrain"]
-    report = cache[(st.config, tuple(st.overrides))]
+    report = cache[estimation.step_key(st.cfg)]
     assert report["expected_step_seconds"] == 0.1 and report["bytes_per_chip"]["total"] == (
         10 * GiB)
 

@@ -3,6 +3,7 @@ TPU slice, the TPU-hours from an AOT compile of each distinct stage config."""
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 from t5lite.ablations.plan import (Stage, check_tasks, default_tasks,
@@ -17,10 +18,32 @@ from t5lite.tpu import report as tpu_report
 OFFLINE = ("offline",)
 
 
+# Config fields no compiled train step reads: the task's name and data source, the number of
+# steps (a constant of the learning-rate schedule), logging, checkpoints, evaluation, decoding.
+# Finetuning stages alike in everything else (SuperGLUE, WebQuestions and WMT at paper scale:
+# batch 128 x (512, 512)) share one compile.
+_NOT_IN_STEP = {"": ("name", "checkpoint", "eval", "decode"),
+                "data": ("mixture_or_task", "seed", "shuffle", "data_dir", "tfds_data_dir",
+                         "cache_dir", "use_cached", "train_split", "eval_split"),
+                "train": ("steps", "log_every", "eval_every", "eval_steps", "prepare_data",
+                          "profile_steps", "wandb_project", "wandb_entity", "wandb_mode")}
+
+
+def step_key(cfg) -> str:
+    """The part of a stage's config its compiled train step depends on, as a cache key."""
+    from t5lite import config as config_lib
+    d = config_lib.to_dict(cfg)
+    for section, names in _NOT_IN_STEP.items():
+        part = d[section] if section else d
+        for name in names:
+            part.pop(name, None)
+    return json.dumps(d, sort_keys=True, default=str)
+
+
 def compile_report(stage: Stage, topology: str, cache: dict) -> dict:
     """The AOT compile report of one stage's train step on ``topology`` (what `t5lite compile
-    --json` prints), cached by the stage's config file and overrides."""
-    key = (stage.config, tuple(stage.overrides))
+    --json` prints), cached by step_key."""
+    key = step_key(stage.cfg)
     if key in cache:
         return cache[key]
     if cache.get(OFFLINE):
@@ -102,12 +125,14 @@ def preload(cache: dict, lines: Sequence[dict], topology: str) -> int:
     config and overrides beside the compile's figures) into an estimate's compile cache, so
     the estimate compiles only what they lack; -> how many were taken. Lines of another
     topology, with extra --set overrides or an error are skipped."""
+    from t5lite import config as config_lib
     n = 0
     for line in lines:
         if (line.get("topology") != topology or line.get("extra") or "error" in line
                 or "overrides" not in line):
             continue
-        cache[(line["config"], tuple(line["overrides"]))] = {
+        cfg = config_lib.load_config(line["config"], line["overrides"])
+        cache[step_key(cfg)] = {
             "fits": line["fits"], "chips": line["chips"],
             "expected_step_seconds": line.get("expected_step_seconds"),
             "roofline_step_seconds": line.get("roofline_step_seconds"),
