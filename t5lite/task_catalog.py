@@ -142,6 +142,9 @@ MNLI_EVAL = ("matched", "mismatched")
 PAPER_OTHER_METRICS = {"paper_squad": ("squad",), "paper_cnn_dailymail": ("rouge",),
                        "paper_wmt_ende": ("bleu",), "paper_wmt_enfr": ("bleu",),
                        "paper_wmt_enro": ("bleu",)}
+# Narang et al. 2021's other finetuning tasks (tasks/narang_tasks.py), in none of the T5
+# paper's mixtures: XSum and closed-book WebQuestions (SQuAD's EM and F1 over every answer)
+NARANG_METRICS = {"paper_xsum": ("rouge",), "paper_web_questions": ("squad",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +241,7 @@ def _paper_task_specs() -> list[TaskSpec]:
     benchmarks = {**{f"paper_glue_{t}": m for t, m in PAPER_GLUE_METRICS.items()},
                   **{f"paper_glue_mnli_{s}": PAPER_GLUE_METRICS["mnli"] for s in MNLI_EVAL},
                   **{f"paper_super_glue_{t}": m for t, m in PAPER_SUPERGLUE_METRICS.items()},
-                  **PAPER_OTHER_METRICS}
+                  **PAPER_OTHER_METRICS, **NARANG_METRICS}
     specs += [TaskSpec(name, "benchmark", "t5", metrics=metrics, paper=True)
               for name, metrics in benchmarks.items()]
     return specs + [s for s in _data_set_specs() if s.paper]

@@ -18,17 +18,22 @@ import tempfile
 import tree
 
 # Builders whose `_split_generators` need the real downloads to run (C4: a Beam pipeline over
-# Common Crawl; CNN/DailyMail: the story archives' URL lists; Wikipedia: the dump's index):
-# their split names as that code names them (tensorflow_datasets/text/c4.py, wikipedia.py,
-# summarization/cnn_dailymail.py; C4's single-language configs).
+# Common Crawl; CNN/DailyMail: the story archives' URL lists; Wikipedia: the dump's index;
+# XSum: its split file's ids): their split names as that code names them
+# (tensorflow_datasets/text/c4.py, wikipedia.py, summarization/cnn_dailymail.py, xsum.py;
+# C4's single-language configs).
 SPLITS_IN_CODE = {"c4": ("train", "validation"),
                   "cnn_dailymail": ("train", "validation", "test"),
-                  "wikipedia": ("train",)}
+                  "wikipedia": ("train",),
+                  "xsum": ("train", "validation", "test")}
 UNLABELED_TEST = ("glue", "super_glue")  # their test splits hold no labels
 
 _STORY = "The cat sat on the mat. It was warm."
+# WebQuestions' validation split is its train split past the paper's code's cut (the first
+# 3,417 questions in TFDS's stored order train), pinned here apart from tasks/narang_tasks.py
+WEBQ_TRAIN_EXAMPLES = 3417
 # dataset (TFDS name/config, or a name whose configs share features; no version) -> a few
-# labelled examples with the builder's features
+# labelled examples with the builder's features, the same in every split or {split: examples}
 EXAMPLES = {
     "glue/cola": [{"sentence": "The cat sat.", "label": 1, "idx": 0},
                   {"sentence": "Sat cat the.", "label": 0, "idx": 1}],
@@ -122,6 +127,19 @@ EXAMPLES = {
                               {"en": "Good morning.", "fr": "Bonjour."}],
     "wmt16_translate/ro-en": [{"en": "The cat sleeps.", "ro": "Pisica doarme."},
                               {"en": "Good morning.", "ro": "Bună dimineața."}],
+    "xsum": [{"document": "The council said the bridge would close for repairs on Monday. "
+                          "Drivers were told to use the ring road.",
+              "summary": "A town bridge is to close for repairs."},
+             {"document": "Heavy rain flooded the high street overnight. Shops stayed shut.",
+              "summary": "Floods have closed shops on a high street."}],
+    # the train split reaches 2 questions past the cut; some questions have several answers
+    "web_questions": {
+        "train": [{"url": f"http://www.freebase.com/view/en/town_{i}",
+                   "question": f"where is town {i}?",
+                   "answers": [f"County {i}", f"Region {i}"][:1 + i % 2]}
+                  for i in range(WEBQ_TRAIN_EXAMPLES + 2)],
+        "test": [{"url": "http://www.freebase.com/view/en/rome", "question": "where is rome?",
+                  "answers": ["Italy", "Lazio"]}]},
     # every Wikipedia dump and language has these features
     "wikipedia": [{"title": f"Town {i}", "text": f"Town {i} is a town by the river. " * 4}
                   for i in range(100)],  # a 1% slice (its held-out validation) is one
@@ -173,6 +191,8 @@ def builder_splits(tfds_name: str) -> tuple[str, ...]:
 
 def _split_examples(dataset: str, split: str) -> list[dict]:
     examples = EXAMPLES[dataset]
+    if isinstance(examples, dict):
+        return examples[split]
     if not split.startswith("test") or dataset.split("/")[0] not in UNLABELED_TEST:
         return examples
     if dataset == "super_glue/record":

@@ -32,9 +32,9 @@ class Downstream:
     column: str = ""  # the paper's column this task stands for ("" = none)
     eval_task: str = ""  # the seqio task evaluated ("" = the DOWNSTREAM key)
     score: tuple = ()
-    # trained from random params in every row (Narang et al.'s WMT'14 column), with these
-    # overrides after the scale's and the table's (its own steps)
+    # trained from random params in every row (Narang et al.'s WMT'14 column)
     from_scratch: bool = False
+    # overrides after the scale's and the table's: the task's own steps, lengths and batch
     final: tuple = ()
 
 
@@ -85,6 +85,20 @@ DOWNSTREAM = {
     "super_glue": _paper_task("paper_super_glue", "super_glue/average",
                               {"inputs": 512, "targets": 512}, "SGLUE",
                               score=task_catalog.PAPER_SUPERGLUE_SCORE, max_length=64),
+    # Narang et al. 2021's XSum and closed-book WebQuestions (tasks/narang_tasks.py), with the
+    # paper's code's settings: XSum's 2^18 steps (the scale's) of 2,048 input / 178 target
+    # tokens, 32 a batch (65,536 tokens, its batch: transformer_modifications'
+    # sequence_lengths/xsum_v110.gin), WebQuestions' 30,000 steps; the columns are ROUGE-2 and
+    # exact match on the validation split (WebQuestions': the held-out tail of its train split)
+    "xsum": dataclasses.replace(
+        _paper_task("paper_xsum", "paper_xsum/rouge2", {"inputs": 2048, "targets": 178},
+                    "XSum"), final=(
+            "data.feature_lengths={'inputs': 2048, 'targets': 178}", "data.batch_size=32",
+            "decode.max_length=178")),
+    "web_questions": dataclasses.replace(
+        _paper_task("paper_web_questions", "paper_web_questions/em",
+                    {"inputs": 512, "targets": 512}, "WebQ", max_length=64),
+        final=("train.steps=30000",)),
     "wmt_ende": _paper_task("paper_wmt_ende", "paper_wmt_ende/bleu",
                             {"inputs": 512, "targets": 512}, "EnDe", max_length=256),
     "wmt_enfr": _paper_task("paper_wmt_enfr", "paper_wmt_enfr/bleu",

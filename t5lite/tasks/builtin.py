@@ -9,7 +9,7 @@ from typing import Optional
 
 
 from t5lite import task_catalog
-from t5lite.tasks import classification, formats, metrics, paper_data, registry
+from t5lite.tasks import classification, formats, metrics, narang_tasks, paper_data, registry
 
 
 def register_task(spec: task_catalog.TaskSpec, vocabulary: Optional[str] = None) -> None:
@@ -32,7 +32,9 @@ def register_task(spec: task_catalog.TaskSpec, vocabulary: Optional[str] = None)
         classification.register_decoder_classification_task(
             spec.name, spec.source, task_catalog.FINETUNE[spec.source][2], vocabulary=vocab)
     elif spec.recipe == "benchmark":
-        formats.register_paper_task(spec.name, vocab, spec.metrics)
+        register = (narang_tasks.register_paper_task if spec.name in narang_tasks.TASKS
+                    else formats.register_paper_task)
+        register(spec.name, vocab, spec.metrics)
     else:
         raise ValueError(f"task_catalog: {spec.name} has an unknown recipe {spec.recipe!r}")
 
