@@ -245,7 +245,7 @@ def test_paper_scale_is_the_papers_setting():
         768, 3072, 12, 12, "relu", "layernorm", "relative", True, True)
     assert pre.cfg.train.steps == 2 ** 19 and pre.cfg.data.batch_size == 128
     assert pre.cfg.data.mixture_or_task == "c4_span_corruption"
-    sglue, wmt = fts
+    sglue, _, _, wmt = fts  # SuperGLUE, XSum, WebQuestions (tests/test_xsum_webq.py), WMT
     assert sglue.cfg.optim.learning_rate == 5e-4 and sglue.start == 2 ** 19
     assert wmt.task == "wmt_ende_scratch" and wmt.cfg.train.steps == 150000
     assert wmt.cfg.checkpoint.init_from == "" and wmt.start == 0
