@@ -13,6 +13,7 @@ from flax import linen as nn
 
 from t5lite.config import ModelConfig
 from t5lite.models import build_model, dummy_batch, moe
+from t5lite.models import layers as L
 from t5lite.train import losses, partitioning
 
 KEY = functools.partial(jax.random.key, impl="rbg")
@@ -227,3 +228,105 @@ def test_train_step_adds_the_aux_loss_and_accumulates_it_exactly():
                                + out[1]["moe_aux_loss"], rtol=1e-5)
     for key in ("loss", "moe_aux_loss", "grad_norm"):
         np.testing.assert_allclose(out[2][key], out[1][key], rtol=2e-5, err_msg=key)
+
+
+def _reference_losses(p, valid):
+    """The reference's two load-balancing losses with padding (Mesh TF moe.py, numpy): top-2
+    zeroes padding in both factors before averaging over the group; Switch averages both over
+    the whole group and its [B, E] proxy times the [B, L] mask broadcasts to [B, L, E]."""
+    e, first = p.shape[-1], np.eye(p.shape[-1])[p.argmax(-1)]
+    top2 = np.mean((first * valid[..., None]).mean(1) * (p * valid[..., None]).mean(1)) * e * e
+    switch = np.mean(p.mean(1)[:, None] * first.mean(1)[:, None] * valid[..., None]) * e * e
+    return top2, switch
+
+
+def test_padding_is_routed_nowhere_and_left_out_of_the_loss_as_the_reference():
+    """Row 0: tokens 0-3 real, 4-7 padding; row 1: all real. Every token prefers expert 1,
+    capacity 4: row 0's real tokens fill it and its padding takes no slot and gets nothing;
+    a padding token before real ones (row 1 with token 0 padding) leaves slot 0 to them."""
+    logits = np.zeros((2, 8, 3), np.float32)
+    logits[..., 1] = 2.0
+    logits[:, :, 0] = np.linspace(0, 1, 8)  # uneven probabilities: a loss that can differ
+    p = jax.nn.softmax(jnp.asarray(logits))
+    valid = np.ones((2, 8), bool)
+    valid[0, 4:] = False
+    valid[1, 0] = False
+    for route in (lambda v: moe.top1_routing(p, 4, v),
+                  lambda v: moe.top2_routing(p, 4, valid_BL=v)):
+        combine, loss = route(jnp.asarray(valid))
+        c = np.asarray(combine)
+        np.testing.assert_array_equal(c[~valid], 0.0)  # padding: no expert, no slot
+        slots = c[:, :, 1].argmax(-1)
+        np.testing.assert_array_equal(slots[0, :4], [0, 1, 2, 3])
+        np.testing.assert_array_equal(slots[1, 1:5], [0, 1, 2, 3])  # real tokens from slot 0
+        assert not c[1, 5:, 1].any()  # full
+    top2, switch = _reference_losses(np.asarray(p), valid.astype(np.float32))
+    np.testing.assert_allclose(float(moe.top1_routing(p, 4, jnp.asarray(valid))[1]), switch,
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(moe.top2_routing(p, 4, valid_BL=jnp.asarray(valid))[1]),
+                               top2, rtol=1e-6)
+    assert abs(top2 - switch) > 1e-3  # the two rules differ on this routing
+    unmasked = float(moe.top1_routing(p, 4)[1])
+    np.testing.assert_allclose(unmasked, _reference_losses(np.asarray(p), np.ones((2, 8)))[1],
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("ffn_layer", ["switch", "moe"])
+def test_model_routes_only_real_tokens(ffn_layer):
+    """Through the model (1-layer stacks, the expert FFN last): with room for every token,
+    padding positions (encoder token 0, decoder segment 0) come out the same whatever the
+    experts' weights, real positions do not."""
+    cfg = tiny(ffn_layer=ffn_layer, num_encoder_layers=1, num_decoder_layers=1,
+               expert_capacity_factor=4.0, num_experts=4)
+    model = build_model(cfg)
+    batch = dummy_batch(cfg, 2, {"inputs": 8, "targets": 6})
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(2, 64, (2, 8)).astype(np.int32)
+    tokens[0, 5:] = 0
+    batch["encoder_input_tokens"] = tokens
+    batch["decoder_input_tokens"] = rng.integers(2, 64, (2, 6)).astype(np.int32)
+    batch["decoder_segment_ids"] = np.array([[1] * 6, [1] * 3 + [0] * 3], np.int32)
+    params = nn.meta.unbox(jax.jit(model.init)(KEY(0), batch)["params"])
+
+    @jax.jit
+    def forward(p):
+        enc = model.apply({"params": p}, batch["encoder_input_tokens"],
+                          method=lambda m, t: m.encode(t))
+        return enc, model.apply({"params": p}, batch)["logits"]
+
+    def run(p):
+        return tuple(np.asarray(a) for a in forward(p))
+
+    def zero_experts(stack):
+        mlp = params[stack]["layers"]["mlp"]
+        return dict(params, **{stack: dict(params[stack], layers=dict(
+            params[stack]["layers"], mlp=dict(mlp, wo=jnp.zeros_like(mlp["wo"]))))})
+
+    enc, logits = run(params)
+    enc_zero = run(zero_experts("encoder"))[0]
+    np.testing.assert_allclose(enc_zero[0, 5:], enc[0, 5:], rtol=1e-6, atol=1e-6)
+    assert np.abs(enc_zero[0, :5] - enc[0, :5]).max() > 1e-3
+    logits_zero = run(zero_experts("decoder"))[1]
+    np.testing.assert_allclose(logits_zero[1, 3:], logits[1, 3:], rtol=1e-5, atol=1e-5)
+    assert np.abs(logits_zero[1, :3] - logits[1, :3]).max() > 1e-3
+
+
+def test_ffn_init_scale_scales_expert_router_and_dense_ffn_kernels():
+    """model.ffn_init_scale=0.1 (the reference gins' VarianceScalingInitializer.scale): the
+    router, experts and dense FFN kernels get std sqrt(0.1 / fan_in) (1 / fan_in at 1.0);
+    attention is the scale-1 layer's, key for key."""
+    x_BLD = jnp.ones((1, 4, 64))
+    for scale in (1.0, 0.1):
+        cfg = tiny(num_experts=8, d_model=64, d_ff=128, head_dim=32, ffn_init_scale=scale)
+        sparse = sparse_mlp(cfg, x_BLD)[1]
+        dense = nn.meta.unbox(L.MLP(cfg).init(KEY(0), x_BLD)["params"])
+        for kernel, fan_in in ((sparse["router"]["kernel"], 64), (sparse["wi"], 64),
+                               (sparse["wo"], 128), (dense["wi"]["kernel"], 64),
+                               (dense["wo"]["kernel"], 128)):
+            np.testing.assert_allclose(np.std(kernel), np.sqrt(scale / fan_in), rtol=0.1)
+        attention = nn.meta.unbox(L.MultiHeadAttention(cfg).init(
+            KEY(0), x_BLD, x_BLD, 0.0)["params"])
+        if scale == 1.0:
+            base = attention
+        for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(attention)):
+            np.testing.assert_array_equal(a, b)

@@ -127,6 +127,9 @@ class ModelConfig(Section):
     expert_capacity_factor: float = setting(1.25, bounds=(0.0, None))
     moe_aux_loss_weight: float = setting(0.01, bounds=(0.0, None))  # load-balancing loss
     router_jitter: float = setting(0.0, bounds=(0.0, 1.0))  # multiplicative, training only
+    # the fan-in init's scale of every FFN kernel: dense wi / wo, experts and router (Mesh TF's
+    # global VarianceScalingInitializer.scale; its MoE / Switch gins set 0.1)
+    ffn_init_scale: float = setting(1.0, bounds=(0.0, None))
     pkm_keys: int = setting(512, bounds=(1, None))  # sub-keys per half: pkm_keys**2 slots
     pkm_heads: int = setting(4, bounds=(1, None))
     pkm_knn: int = setting(32, bounds=(1, None))  # slots read per head

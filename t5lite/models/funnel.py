@@ -47,7 +47,9 @@ def pool_context(ctx, size: int):
     n = ctx.bias.shape[-1] // size
     pos_bias = None if ctx.pos_bias is None else ctx.pos_bias[:, :, :n, :n]
     rope_pos = None if ctx.rope_pos is None else ctx.rope_pos[:, :n]
-    return ctx.replace(bias=ctx.bias[:, :, ::size, ::size], pos_bias=pos_bias, rope_pos=rope_pos)
+    valid = None if ctx.valid is None else ctx.valid[:, ::size]
+    return ctx.replace(bias=ctx.bias[:, :, ::size, ::size], pos_bias=pos_bias, rope_pos=rope_pos,
+                       valid=valid)
 
 
 def pool_ids(cfg, tokens_BS, segments_BS=None):

@@ -51,6 +51,12 @@ def ffn_module(cfg, ffn_layer: str, dense_cls):
         ffn_layer, dense_cls)
 
 
+def ffn_inputs(ffn_layer: str, ctx) -> dict:
+    """What the FFN sub-layer takes besides (x, deterministic): a mixture of experts routes
+    only the real tokens (the reference leaves padding out of routing)."""
+    return {"valid_BL": ctx.valid} if ffn_layer in ("moe", "switch") else {}
+
+
 def has_ffn_sublayer(cfg) -> bool:
     """Weighted Transformer blocks carry their FFN inside the (branched) attention."""
     return not cfg.weighted_transformer

@@ -360,8 +360,8 @@ class MLP(nn.Module):
         dtype = compute_dtype(cfg)
         act = ACTIVATIONS[cfg.ffn]
         rules = cfg.gradient_rules
-        shared = dict(use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg),
-                      gradient_rules=rules)
+        shared = dict(use_bias=cfg.use_bias, dtype=dtype,
+                      init=kernel_init(cfg, cfg.ffn_init_scale), gradient_rules=rules)
 
         def wi(name):
             dense = self.dense_layer(name, features=(cfg.d_ff,), kernel_axes=("embed", "mlp"),

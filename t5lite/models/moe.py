@@ -9,9 +9,14 @@ load-balancing loss E^2 * mean_e(fraction of tokens whose first choice is e * me
 probability of e) is sown into the "aux_loss" collection times model.moe_aux_loss_weight;
 ``sown_aux_loss`` adds it up for the training loss. Expert weights carry the logical axis
 "expert" (partitioning.py maps it onto a mesh axis), so each device holds its own experts and
-the dispatched tokens [E, B, C, D] move to them (an all-to-all under GSPMD). Padding tokens
-are routed like real ones (the reference leaves them out of routing; with packed sequences
-there are few).
+the dispatched tokens [E, B, C, D] move to them (an all-to-all under GSPMD).
+
+Padding (``valid_BL`` false: segment id 0, or token 0 in an unpacked encoder) is routed
+nowhere, as the reference's ``importance`` (its nonpadding) does: it takes no capacity and its
+FFN output is zero. The reference's two gatings leave it out of the loss differently, and
+this follows each: top-2 counts only real tokens in both factors (still divided by L);
+Switch averages both factors over all L tokens and scales the group's term by its fraction of
+real tokens (the reference multiplies the [B, E] proxy by the [B, L] mask and averages).
 """
 
 from __future__ import annotations
@@ -32,13 +37,17 @@ def expert_capacity(length: int, num_experts: int, capacity_factor: float) -> in
     return min(length, max(int(length * capacity_factor / num_experts), MIN_CAPACITY))
 
 
-def load_balancing_loss(probs_BLE, first_BLE):
+def load_balancing_loss(probs_BLE, first_BLE, group_weight_B=None):
     """E^2 * mean over groups and experts of (fraction of the group's tokens whose first
-    choice is the expert) * (mean router probability of the expert): 1 when balanced."""
+    choice is the expert) * (mean router probability of the expert): 1 when balanced. Each
+    group's term times ``group_weight_B`` when given."""
     e = probs_BLE.shape[-1]
     density_BE = jnp.mean(first_BLE, axis=1)
     proxy_BE = jnp.mean(probs_BLE, axis=1)
-    return jnp.mean(density_BE * proxy_BE) * float(e * e)
+    per_group_B = jnp.mean(density_BE * proxy_BE, axis=-1)
+    if group_weight_B is not None:
+        per_group_B = per_group_B * group_weight_B
+    return jnp.mean(per_group_B) * float(e * e)
 
 
 def _positions(mask_BLE, offset_BE=None):
@@ -57,27 +66,36 @@ def _combine(gate_BL, index_BL, slot_BL, kept_BL, num_experts, capacity):
     return (gate_BL * kept_BL)[..., None, None] * expert_BLE[..., None] * slot_BLC[:, :, None]
 
 
-def top1_routing(probs_BLE, capacity: int):
-    """Switch routing: each token to its most probable expert, weighted by that probability,
-    while the expert has room. -> (combine [B, L, E, C], load-balancing loss)."""
+def top1_routing(probs_BLE, capacity: int, valid_BL=None):
+    """Switch routing: each token (of ``valid_BL``, when given) to its most probable expert,
+    weighted by that probability, while the expert has room. -> (combine [B, L, E, C],
+    load-balancing loss)."""
     e = probs_BLE.shape[-1]
     index_BL = jnp.argmax(probs_BLE, axis=-1)
     gate_BL = jnp.max(probs_BLE, axis=-1)
     mask_BLE = jax.nn.one_hot(index_BL, e)
-    loss = load_balancing_loss(probs_BLE, mask_BLE)
+    if valid_BL is None:
+        loss = load_balancing_loss(probs_BLE, mask_BLE)
+    else:
+        real_BL = valid_BL.astype(probs_BLE.dtype)
+        loss = load_balancing_loss(probs_BLE, mask_BLE, jnp.mean(real_BL, axis=1))
+        mask_BLE = mask_BLE * real_BL[..., None]
     slot_BL = _positions(mask_BLE)
-    kept_BL = (slot_BL < capacity).astype(probs_BLE.dtype)
+    kept_BL = jnp.sum(mask_BLE, axis=-1) * (slot_BL < capacity)
     return _combine(gate_BL, index_BL, slot_BL, kept_BL, e, capacity), loss
 
 
-def top2_routing(probs_BLE, capacity: int, uniform_BL=None):
-    """GShard routing: each token to its two most probable experts with gates renormalised
-    to sum to 1. The second choice is kept with probability min(1, gate_2 / 0.2) when
-    ``uniform_BL`` (U[0, 1) draws, training) is given, else always. First choices fill the
-    buffers before second choices. -> (combine [B, L, E, C], load-balancing loss)."""
+def top2_routing(probs_BLE, capacity: int, uniform_BL=None, valid_BL=None):
+    """GShard routing: each token (of ``valid_BL``, when given) to its two most probable
+    experts with gates renormalised to sum to 1. The second choice is kept with probability
+    min(1, gate_2 / 0.2) when ``uniform_BL`` (U[0, 1) draws, training) is given, else always.
+    First choices fill the buffers before second choices. -> (combine [B, L, E, C],
+    load-balancing loss)."""
     e = probs_BLE.shape[-1]
     index1_BL = jnp.argmax(probs_BLE, axis=-1)
     mask1_BLE = jax.nn.one_hot(index1_BL, e)
+    real_BL = jnp.ones(probs_BLE.shape[:2], probs_BLE.dtype) if valid_BL is None else (
+        valid_BL.astype(probs_BLE.dtype))
     gate1_BL = jnp.max(probs_BLE, axis=-1)
     rest_BLE = probs_BLE * (1.0 - mask1_BLE)
     index2_BL = jnp.argmax(rest_BLE, axis=-1)
@@ -85,11 +103,12 @@ def top2_routing(probs_BLE, capacity: int, uniform_BL=None):
     gate2_BL = jnp.max(rest_BLE, axis=-1)
     denom_BL = gate1_BL + gate2_BL + 1e-9
     gate1_BL, gate2_BL = gate1_BL / denom_BL, gate2_BL / denom_BL
-    loss = load_balancing_loss(probs_BLE, mask1_BLE)
+    mask1_BLE, mask2_BLE = mask1_BLE * real_BL[..., None], mask2_BLE * real_BL[..., None]
+    loss = load_balancing_loss(probs_BLE * real_BL[..., None], mask1_BLE)
     if uniform_BL is not None:
         mask2_BLE = mask2_BLE * (uniform_BL < gate2_BL / SECOND_THRESHOLD)[..., None]
     slot1_BL = _positions(mask1_BLE)
-    kept1_BL = (slot1_BL < capacity).astype(probs_BLE.dtype)
+    kept1_BL = jnp.sum(mask1_BLE, axis=-1) * (slot1_BL < capacity)
     first_count_BE = jnp.sum(mask1_BLE * kept1_BL[..., None], axis=1)
     slot2_BL = _positions(mask2_BLE, first_count_BE)
     kept2_BL = jnp.sum(mask2_BLE, axis=-1) * (slot2_BL < capacity)
@@ -102,13 +121,15 @@ class SparseMLP(nn.Module):
     """The FFN of a mixture-of-experts layer (cfg.ffn_layer "moe": top-2, "switch": top-1).
 
     Params: router/kernel [D, E] ("embed", "expert"); wi (or wi_0, wi_1 for gated
-    activations) [E, D, F] ("expert", "embed", "mlp"); wo [E, F, D] ("expert", "mlp", "embed").
+    activations) [E, D, F] ("expert", "embed", "mlp"); wo [E, F, D] ("expert", "mlp", "embed"),
+    all fan-in initialised times model.ffn_init_scale (the reference's gins: 0.1).
+    ``valid_BL``: the real (non-padding) tokens, the only ones routed (all when None).
     """
 
     cfg: object
 
     @nn.compact
-    def __call__(self, x_BLD, deterministic=True):
+    def __call__(self, x_BLD, deterministic=True, valid_BL=None):
         cfg = self.cfg
         dtype = L.compute_dtype(cfg)
         e, f, d = cfg.num_experts, cfg.expert_d_ff or cfg.d_ff, x_BLD.shape[-1]
@@ -119,15 +140,15 @@ class SparseMLP(nn.Module):
                 self.make_rng("dropout"), gate_x_BLD.shape, jnp.float32,
                 1.0 - cfg.router_jitter, 1.0 + cfg.router_jitter)
         router = L.DenseGeneral((e,), ("embed", "expert"), dtype=jnp.float32,
-                                init=L.kernel_init(cfg), flat_kernel=False,
+                                init=L.kernel_init(cfg, cfg.ffn_init_scale), flat_kernel=False,
                                 gradient_rules=cfg.gradient_rules, name="router")
         probs_BLE = jax.nn.softmax(router(gate_x_BLD).astype(jnp.float32), axis=-1)
         if cfg.ffn_layer == "switch":
-            combine_BLEC, aux = top1_routing(probs_BLE, capacity)
+            combine_BLEC, aux = top1_routing(probs_BLE, capacity, valid_BL)
         else:
             uniform_BL = None if deterministic else jax.random.uniform(
                 self.make_rng("dropout"), probs_BLE.shape[:2])
-            combine_BLEC, aux = top2_routing(probs_BLE, capacity, uniform_BL)
+            combine_BLEC, aux = top2_routing(probs_BLE, capacity, uniform_BL, valid_BL)
         self.sow(AUX_COLLECTION, "load_balancing", cfg.moe_aux_loss_weight * aux,
                  init_fn=lambda: jnp.zeros((), jnp.float32), reduce_fn=jnp.add)
         dispatch_BLEC = (combine_BLEC > 0).astype(dtype)
@@ -144,7 +165,7 @@ class SparseMLP(nn.Module):
 
     def _kernel(self, name, shape, axes):
         """An expert-stacked kernel, fan-in initialised per expert like a dense kernel."""
-        init = L.kernel_init(self.cfg)
+        init = L.kernel_init(self.cfg, self.cfg.ffn_init_scale)
         return self.param(name, nn.with_logical_partitioning(
             lambda key, shape, dtype=jnp.float32: jax.vmap(
                 lambda k: init(k, shape[1:], dtype))(jax.random.split(key, shape[0])), axes),

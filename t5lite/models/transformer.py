@@ -68,6 +68,7 @@ class LayerContext:
     cache_index: Optional[jnp.ndarray] = None  # decoding: the KV cache write index []
     encoded: Optional[jnp.ndarray] = None  # encoder output for cross-attention [B, S, D]
     cross_bias: Optional[Any] = None  # cross-attention mask bias [B, 1, T, S] (or KernelBias)
+    valid: Optional[jnp.ndarray] = None  # [B, T] real (non-padding) tokens: what MoE routes
 
 
 class Block(nn.Module):
@@ -115,7 +116,9 @@ class Block(nn.Module):
                     y, memory, ctx.cross_bias, deterministic=deterministic))
         if layer_plan.has_ffn_sublayer(cfg):
             ffn = layer_plan.ffn_module(cfg, self.ffn_layer, modules.mlp)
-            x_BLD = sublayer(x_BLD, "mlp", lambda y: ffn(cfg, name="mlp")(y, deterministic))
+            extra = layer_plan.ffn_inputs(self.ffn_layer, ctx)
+            x_BLD = sublayer(x_BLD, "mlp", lambda y: ffn(cfg, name="mlp")(
+                y, deterministic, **extra))
         if modules.after_mlp is not None:
             x_BLD = modules.after_mlp(cfg, name=modules.after_mlp_name)(x_BLD, deterministic)
         x_BLD = L.constrain(x_BLD, ("batch", "length", "embed"))
@@ -259,8 +262,10 @@ class Stack(nn.Module):
                 self.kind == "decoder", prefix_BL if cfg.architecture == "prefix_lm" else None)
         x_BLD = self.embed(tokens_BL, positions_BL, token_types_BL, deterministic)
         if flash:  # the kernel makes masks and position biases itself: nothing [T, S] here
-            return x_BLD, self._flash_context(q_valid_BL, segments_BL, positions_BL, encoded_BSD,
-                                              encoder_tokens_BS, encoder_segments_BS, deterministic)
+            return x_BLD, self._flash_context(
+                q_valid_BL, segments_BL, positions_BL, encoded_BSD, encoder_tokens_BS,
+                encoder_segments_BS, deterministic).replace(valid=q_valid_BL)
+        valid_BL = q_valid_BL
         if self.num_prompt:  # prompt tuning: soft tokens in front, masks / positions extended
             if decode:
                 raise UserError("prompt tuning (model.peft.prompt_tokens) cannot decode a "
@@ -268,6 +273,8 @@ class Stack(nn.Module):
                                 "(model.peft.prefix_tokens) or an encoder-decoder model.")
             x_BLD, mask_BLS, positions_BL = self.modules.prompt.prepend(
                 self.prompt, x_BLD, mask_BLS, q_valid_BL, positions_BL)
+            valid_BL = jnp.pad(q_valid_BL, ((0, 0), (self.num_prompt, 0)),
+                               constant_values=True)
             k_pos_BS = positions_BL
         pos_bias = cache_index = rope_pos = encoded = cross_bias = None
         if cfg.position in ("relative", "alibi"):
@@ -291,7 +298,8 @@ class Stack(nn.Module):
             cross_bias = L.attention_bias(L.cross_attention_mask(
                 q_valid_BL, k_valid_BS, segments_BL, encoder_segments_BS))
         ctx = LayerContext(bias=L.attention_bias(mask_BLS), pos_bias=pos_bias, rope_pos=rope_pos,
-                           cache_index=cache_index, encoded=encoded, cross_bias=cross_bias)
+                           cache_index=cache_index, encoded=encoded, cross_bias=cross_bias,
+                           valid=valid_BL)
         return x_BLD, ctx
 
     def _flash_context(self, q_valid_BL, segments_BL, positions_BL, encoded_BSD,
