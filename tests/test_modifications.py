@@ -297,3 +297,18 @@ def test_render_shows_the_papers_columns_and_bolds_what_beats_the_baseline(tmp_p
     assert "| 2.270 |" in lines["ELU"]  # a higher loss than the baseline: not bold
     assert "| 3.58 |" in lines["GeLU"]  # cost columns are never bold
     assert "Narang et al. 2021" in text
+
+
+def test_moe_rows_follow_their_gins():
+    """mixture_of_experts.gin / switch_transformer.gin at paper scale: 32 experts in layers 4,
+    8 and 12 of both stacks and every FFN kernel initialised at scale 0.1; top-2 with d_ff / 2
+    experts and capacity factor 2, or top-1 with d_ff experts, 1.2 and a 1e-2 jitter."""
+    from t5lite.models.layer_plan import ffn_layer_at
+    for name, fields in (("mixture_of_experts", ("moe", 1536, 2.0, 0.0)),
+                         ("switch_transformer", ("switch", 0, 1.2, 0.01))):
+        m = _paper_scale_cfg(TABLE.row(name))
+        assert (m.ffn_layer, m.expert_d_ff, m.expert_capacity_factor, m.router_jitter) == fields
+        assert (m.num_experts, m.ffn_init_scale, m.moe_aux_loss_weight) == (32, 0.1, 0.01)
+        for stack in ("encoder", "decoder"):
+            assert [i for i in range(12) if ffn_layer_at(m, stack, i, 12) != "dense"] == [3, 7, 11]
+    assert _paper_scale_cfg(TABLE.row("vanilla")).ffn_init_scale == 1.0
