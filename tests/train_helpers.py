@@ -70,22 +70,48 @@ def synthetic_batch(cfg, rng, batch_size=None) -> dict:
             "decoder_positions": pos(n)}
 
 
-
-def random_model_batch(cfg, b, n_in, n_tgt, seed=0) -> dict:
-    """models.dummy_batch(cfg) with random token ids in [1, vocab) and positions 0..L-1 (one
-    segment a row, no padding): a batch any architecture's forward pass takes."""
+def random_model_batch(cfg, b, n_in, n_tgt, seed=0, high=None) -> dict:
+    """models.dummy_batch(cfg) with random token ids in [1, high or vocab) and positions
+    0..L-1 (one segment a row, no padding): a batch any architecture's forward pass takes."""
     from t5lite.models import dummy_batch
     batch = dummy_batch(cfg, b, {"inputs": n_in, "targets": n_tgt})
     rng = np.random.default_rng(seed)
     for k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
               "encoder_target_tokens"):
         if k in batch:
-            batch[k] = rng.integers(1, cfg.vocab_size, batch[k].shape).astype(np.int32)
+            batch[k] = rng.integers(1, high or cfg.vocab_size, batch[k].shape).astype(
+                np.int32)
     for k in ("encoder_positions", "decoder_positions"):
         if k in batch:
             batch[k] = np.broadcast_to(np.arange(batch[k].shape[1]), batch[k].shape).astype(
                 np.int32)
     return batch
+
+
+def steps_per_accumulation(cfg, micro_steps, batch=None):
+    """One jitted train step of ``cfg``'s model on its mesh from the same initial state and
+    global batch (``batch``: a host batch, by default a synthetic one) with
+    ``cfg.train.grad_accum_steps`` set to each of ``micro_steps``. Returns the initial params
+    and {k: (metrics, params after the step)}, on the host."""
+    import jax
+
+    from t5lite.models import build_model
+    from t5lite.train import optim, partitioning, trainer
+    model = build_model(cfg.model)
+    mesh = partitioning.make_mesh(cfg.mesh)
+    tx = optim.make_optimizer(cfg.optim, 10)
+    state0, shardings = trainer.create_train_state(cfg, model, mesh, tx)
+    state0 = jax.device_get(state0)
+    batch = synthetic_batches(cfg, 1)[0] if batch is None else batch
+    batch = partitioning.global_batch(batch, partitioning.batch_sharding(mesh))
+    out = {}
+    for k in micro_steps:
+        cfg.train.grad_accum_steps = k
+        step = trainer.make_train_step(cfg, model, tx, mesh, shardings)
+        state, metrics = step(jax.device_put(state0, shardings), batch)
+        out[k] = jax.device_get((metrics, state.params))
+    return state0.params, out
+
 
 def synthetic_batches(cfg, n, seed=0):
     rng = np.random.default_rng(seed)
