@@ -93,8 +93,7 @@ DOWNSTREAM = {
     "xsum": dataclasses.replace(
         _paper_task("paper_xsum", "paper_xsum/rouge2", {"inputs": 2048, "targets": 178},
                     "XSum"), final=(
-            "data.feature_lengths={'inputs': 2048, 'targets': 178}", "data.batch_size=32",
-            "decode.max_length=178")),
+            "data.feature_lengths={'inputs': 2048, 'targets': 178}", "data.batch_size=32")),
     "web_questions": dataclasses.replace(
         _paper_task("paper_web_questions", "paper_web_questions/em",
                     {"inputs": 512, "targets": 512}, "WebQ", max_length=64),
