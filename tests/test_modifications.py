@@ -14,6 +14,7 @@ from t5lite import ablations
 from t5lite.ablations import modifications
 from t5lite.ablations.plan import default_tasks, plan_row
 from t5lite.config import ModelConfig
+from t5lite.errors import UserError
 from t5lite.models import build_model, count_params, dummy_batch, layerwise_counts
 from t5lite.models import layers as L
 
@@ -158,6 +159,61 @@ def test_universal_transformer_shares_one_layer_across_its_steps():
     assert np.isfinite(model.apply({"params": params}, batch)["logits"]).all()
 
 
+UT = dict(share_encoder_block=True, share_decoder_block=True, universal_steps=3)
+
+
+def test_universal_transformer_mix_layers_run_the_same_block_without_step_embedding():
+    """UTLayerStack's 2 + 3 + 2 applications are the plain UT's 7 steps with the same block
+    and a zero step embedding on the first and last two (cached decoding: one cache each)."""
+    model, params, batch = init(tiny(**UT, universal_mix_layers=2))
+    assert params["encoder"]["layers"]["step_embedding"].shape == (3, 32)
+    steps = params["encoder"]["layers"]["step_embedding"]
+    padded = jnp.concatenate([jnp.zeros((2, 32)), steps, jnp.zeros((2, 32))])
+    seven = dict(params, encoder=dict(params["encoder"], layers=dict(
+        params["encoder"]["layers"], step_embedding=padded)))
+    plain = build_model(tiny(**dict(UT, universal_steps=7)))
+    np.testing.assert_allclose(encode(model, params, batch), encode(plain, seven, batch),
+                               rtol=1e-5, atol=1e-5)
+    assert np.abs(encode(plain, seven, batch) - encode(
+        plain, dict(seven, encoder=dict(seven["encoder"], layers=dict(
+            seven["encoder"]["layers"], step_embedding=jnp.tile(steps[:1], (7, 1))))),
+        batch)).max() > 1e-3  # the zero rows matter
+
+
+def test_universal_transformer_gru_gating():
+    """Each sub-layer's output y becomes (1 - u) y + u c (UTLayerStack's "gru" gating) with
+    u = sigmoid([n(x), n(y)] W_u + b_u), r the same over (n(n(x)), n(n(y))) and
+    c = sigmoid([n(r x), n(y)] W_c + b_c); the gates (3 x (2D x D + D) and a norm per
+    sub-layer) are the count's difference, and are the block's: shared across the steps."""
+    from t5lite.models import sharing
+    cfg = tiny(**UT, universal_gating="gru")
+    x, y = jax.random.normal(KEY(1), (2, 2, 5, 32))
+    gate = sharing.GRUGate(cfg)
+    p = nn.meta.unbox(gate.init(KEY(0), x, y)["params"])
+    p["norm"]["scale"] = p["norm"]["scale"] * 1.5  # a norm that is not the identity's
+    p["norm"]["bias"] = p["norm"]["bias"] + 0.1
+
+    def n(a):
+        a = (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + cfg.norm_eps)
+        return a * p["norm"]["scale"] + p["norm"]["bias"]
+
+    def g(name, a, b):
+        return jax.nn.sigmoid(np.concatenate([a, b], -1) @ p[name]["kernel"] + p[name]["bias"])
+    u, r = g("update", n(x), n(y)), g("reset", n(n(x)), n(n(y)))
+    want = (1 - u) * y + u * g("candidate", n(r * x), n(y))
+    np.testing.assert_allclose(gate.apply({"params": p}, x, y), want, rtol=1e-4, atol=1e-5)
+    gates = 3 * (2 * 32 * 32 + 32) + 2 * 32
+    assert count_params(cfg) == count_params(tiny(**UT)) + (2 + 3) * gates
+    model, params, batch = init(cfg)
+    block = params["decoder"]["layers"]["shared"]["block"]
+    assert {k for k in block if k.endswith("_gate")} == {
+        "self_attention_gate", "cross_attention_gate", "mlp_gate"}
+    assert block["mlp_gate"]["update"]["kernel"].shape == (64, 32)  # one copy, no steps axis
+    assert np.isfinite(model.apply({"params": params}, batch)["logits"]).all()
+    with pytest.raises(UserError, match="universal_steps"):
+        build_model(tiny(universal_gating="gru"))
+
+
 # ----------------------------------------------------------------------------- embeddings
 
 def test_factorized_embedding_and_its_tied_softmax():
@@ -200,13 +256,12 @@ def _paper_scale_cfg(row):
     return plan_row(TABLE, row, "/w", ("super_glue",), "paper")[0].cfg.model
 
 
-# rows whose modification the paper counts with parameters this code does not have (the
-# Universal Transformer's gating and extra transformer layers; adaptive halting is not built)
+# rows whose modification the paper counts with parameters this code does not have.
 # The Synthesizers (h7): the reference's layer always built the dot-product q / k / v / o
 # projections whether its form used them or not, and its counts do not follow from the
 # synthesized matrices' shapes (random: R is 512 x 12 x 512 a layer, 75M over 24 layers, the
 # paper adds 31M); this code builds only what each form uses. tests/test_token_mixers_vocab.py
-COUNT_EXEMPT = ("universal_transformer",) + tuple(
+COUNT_EXEMPT = tuple(
     r.name for r in modifications.ROWS if r.name.startswith("synthesizer_"))
 
 

@@ -259,8 +259,14 @@ ROWS = (
 ) + tuple(_row(f"synthesizer_{key}", f"Synthesizer ({label})",
                (f"model.attention_type=synthesizer_{key}",), finetune=LENGTH_BOUND)
           for key, label in SYNTHESIZERS) + (
+    # universal_transformer.gin (Mesh TF's UTLayerStack, models/sharing.py): one shared block
+    # per stack applied 2 + 24 + 2 times (learned step embeddings on the 24), each sub-layer's
+    # output GRU-gated, untied softmax. Its ACT settings are inert: recurrence_type "basic"
+    # runs no halting. The gates are the 17.7M this count has over plain sharing (84M).
     _row("universal_transformer", "Universal Transformer",
-         BLOCK_SHARING + UNTIED_SOFTMAX + ("model.universal_steps=24",)),
+         BLOCK_SHARING + UNTIED_SOFTMAX + ("model.universal_steps=24",
+                                           "model.universal_mix_layers=2",
+                                           "model.universal_gating=gru")),
     # the gins (mixture_of_experts.gin, switch_transformer.gin): 32 experts in the FFN of every
     # 4th layer of both stacks (3 of 12; every layer when a stack has fewer than 6), GShard
     # top-2 with experts of d_ff / 2 (FLOP-matched) and capacity factor 2, or top-1 with full

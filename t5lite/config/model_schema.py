@@ -217,6 +217,10 @@ class ModelConfig(Section):
     # Universal Transformer: a shared block applied this many times (0 = the stack's layers),
     # with a learned embedding of the step added before each application
     universal_steps: int = setting(0, bounds=(0, None))
+    # ... as Mesh TF's UTLayerStack (models/sharing.py): also applied this many times before and
+    # after the steps (no step embedding), and each sub-layer's output GRU-gated ("gru")
+    universal_mix_layers: int = setting(0, bounds=(0, None))
+    universal_gating: str = setting("none", choices=("none", "gru"))
     # ALBERT factorized embedding: token embedding [V, E] then [E, d_model] (0 = off); the
     # tied softmax goes back through both
     factorized_embed_dim: int = setting(0, bounds=(0, None))

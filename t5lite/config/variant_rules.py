@@ -16,6 +16,10 @@ def check_variants(m) -> None:
                                     or m.shared_encoder_decoder or m.funnel_blocks):
         raise UserError("model.transparent_attention needs an encoder_decoder model with its "
                         "own encoder layers (shared_encoder_decoder=False, no funnel_blocks).")
+    if (m.universal_gating != "none" or m.universal_mix_layers) and (
+            not m.universal_steps or getattr(m, "block_type", "transformer") != "transformer"):
+        raise UserError("model.universal_gating / universal_mix_layers shape a Universal "
+                        "Transformer: set model.universal_steps > 0 (block_type=transformer).")
     peft = m.peft
     if m.weighted_transformer and (peft.lora_rank or peft.prompt_tokens or peft.prefix_tokens
                                    or peft.adapter_dim or peft.ia3):

@@ -96,6 +96,7 @@ class Block(nn.Module):
         modules = self.modules
 
         def sublayer(x, stem, fn):  # x + branch, pre- or post-norm, ReZero / Fixup scalars
+            fn = sharing.gated(cfg, x, stem, fn)  # (the Universal Transformer's gating)
             return residual.sublayer(self, cfg, x, stem, fn, deterministic)
 
         stem = "self_attention" if self.decoder else "attention"
