@@ -256,13 +256,55 @@ def _paper_scale_cfg(row):
     return plan_row(TABLE, row, "/w", ("super_glue",), "paper")[0].cfg.model
 
 
-# rows whose modification the paper counts with parameters this code does not have.
-# The Synthesizers (h7): the reference's layer always built the dot-product q / k / v / o
-# projections whether its form used them or not, and its counts do not follow from the
-# synthesized matrices' shapes (random: R is 512 x 12 x 512 a layer, 75M over 24 layers, the
-# paper adds 31M); this code builds only what each form uses. tests/test_token_mixers_vocab.py
+# rows whose paper count does not follow from the reference code: the Synthesizers, pinned to
+# the reference's variables instead (test_synthesizer_rows_count_the_references_variables)
 COUNT_EXEMPT = tuple(
     r.name for r in modifications.ROWS if r.name.startswith("synthesizer_"))
+
+# Mesh TF's Synthesizer variables in one self-attention layer, by form (D = d_model = H K,
+# N = max_length 512, k = 16): which of q / k / v / kv / o [D, D] it makes (shared_kv and
+# no_query in transformer_layers.Synthesizer) and its synthesizing weights
+SYNTH_VARIABLES = {
+    "dense": (3, lambda h, k, n, r: k * n),  # dense_minus: q, kv, o; pi [K, N]
+    "dense_plus": (4, lambda h, k, n, r: k * n),
+    "dense_plus_alpha": (4, lambda h, k, n, r: k * n + 1),
+    "factorized": (2, lambda h, k, n, r: 2 * r * h * n),  # kv, o; R1, R2 [k, H, N]
+    "random": (2, lambda h, k, n, r: n * h * n),  # kv, o; R [N, H, N]
+    "random_plus": (4, lambda h, k, n, r: n * h * n),
+    "random_plus_alpha": (4, lambda h, k, n, r: n * h * n + 1),
+}
+
+
+@pytest.mark.parametrize("form", list(SYNTH_VARIABLES))
+def test_synthesizer_rows_count_the_references_variables(form):
+    """Each Synthesizer row at paper scale has the vanilla's count with each of the 24
+    self-attention layers' q / k / v / o swapped for the reference's variables, exactly."""
+    m = _paper_scale_cfg(TABLE.row(f"synthesizer_{form}"))
+    assert (m.max_length, m.synthesizer_rank) == (512, 16)
+    projections, synth = SYNTH_VARIABLES[form]
+    d, h, k = m.d_model, m.num_heads, m.head_dim
+    layer = projections * d * h * k + synth(h, k, m.max_length, m.synthesizer_rank)
+    vanilla = layerwise_counts(_paper_scale_cfg(TABLE.row("vanilla")))[0]
+    want = vanilla + (m.num_encoder_layers + m.num_decoder_layers) * (layer - 4 * d * h * k)
+    assert layerwise_counts(m)[0] == want
+
+
+def test_factorized_synthesizer_logits_are_the_references_broadcast():
+    """The reference's factorized form: sum_k R1[k, h, s] R2[k, h, s], the same logits for every
+    query (no position bias here: sinusoidal positions), so every row of a head's weights is
+    the softmax of that [H, S] vector."""
+    cfg = tiny(attention_type="synthesizer_factorized", position="sinusoidal",
+               scan_layers=False, synthesizer_rank=3)
+    model, params, batch = init(cfg)
+    att = params["encoder"]["layers_0"]["attention"]
+    assert att["R1"].shape == (3, 4, 32) and "query" not in att and "key" not in att
+    _, state = model.apply({"params": params}, batch["encoder_input_tokens"],
+                           method=lambda m, t: m.encode(t), mutable=["intermediates"])
+    weights_BHTS = np.asarray(state["intermediates"]["encoder"]["layers_0"]["attention"][
+        "attention_weights"][0])
+    want_HS = jax.nn.softmax(np.einsum("khs,khs->hs", att["R1"], att["R2"])[:, :10])
+    np.testing.assert_allclose(weights_BHTS, np.broadcast_to(
+        want_HS[None, :, None], weights_BHTS.shape), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", [r.name for r in modifications.ROWS

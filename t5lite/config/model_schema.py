@@ -188,7 +188,7 @@ class ModelConfig(Section):
         "synthesizer_dense_plus_alpha", "synthesizer_factorized", "synthesizer_random",
         "synthesizer_random_plus", "synthesizer_random_plus_alpha", "lightweight_conv",
         "dynamic_conv"))
-    synthesizer_rank: int = setting(16, bounds=(1, None))  # factorized R = R1 R2^T, [L, rank]
+    synthesizer_rank: int = setting(16, bounds=(1, None))  # factorized: R1, R2 [rank, H, L]
     # convolution taps: centred in an encoder, ending at the query in a decoder
     conv_kernel_size: int = setting(9, bounds=(1, None))
     # distinct convolution kernels, each shared by d_model / conv_heads consecutive channels

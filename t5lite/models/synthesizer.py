@@ -6,7 +6,13 @@ The attention logits are synthesized instead of (or besides) the query-key dot p
   (``pi``, shared by the heads) gives that token's logits over the key slots: they depend
   only on the query token itself;
 - random: a learned [max_length, H, max_length] matrix ``R``: logits that do not depend on
-  the input at all; factorized: R = R1 . R2^T with [max_length, H, k] factors;
+  the input at all;
+- factorized, as the paper's reference computes it (Mesh TF's synthetic_attention): factors
+  R1, R2 of [k, H, max_length] multiplied elementwise and summed over k give [H, S] logits,
+  the same for every query. The reference's einsum asks for a [length, H, memory_length]
+  output from inputs without a length axis, which Mesh TF broadcasts: a learned distribution
+  over the key slots per head (the position bias still differs per query), not Tay et al.'s
+  rank-k [L, L] matrix R1 R2^T;
 - "plus": the synthesized logits added to the dot-product logits; "plus alpha": mixed as
   (1 - a) dot + a synth with a = sigmoid(alpha), alpha a learned scalar starting at 0.
 
@@ -88,11 +94,12 @@ class SynthesizerAttention(L.MultiHeadAttention):
         init = nn.initializers.glorot_uniform()
         # the queries' rows: their slots (decoding) or the first T (a whole sequence)
         rows = lambda r: r[:q_len] if slots_T is None else r[slots_T]  # noqa: E731
-        if mode == "factorized":
-            factors = [self.param(name, nn.with_logical_partitioning(
-                init, ("abspos", "heads", None)), (n, h, cfg.synthesizer_rank), jnp.float32)
+        if mode == "factorized":  # (glorot over [k, H, N], as TF's default initializer)
+            r1_KHN, r2_KHN = [self.param(name, nn.with_logical_partitioning(
+                init, (None, "heads", "abspos")), (cfg.synthesizer_rank, h, n), jnp.float32)
                 for name in ("R1", "R2")]
-            r_HTS = jnp.einsum("thf,shf->hts", rows(factors[0]), factors[1][:s])
+            r_HS = jnp.einsum("khs,khs->hs", r1_KHN[:, :, :s], r2_KHN[:, :, :s])
+            r_HTS = jnp.broadcast_to(r_HS[:, None], (h, q_len, s))
         else:
             r_NHN = self.param("R", nn.with_logical_partitioning(
                 init, ("abspos", "heads", None)), (n, h, n), jnp.float32)
