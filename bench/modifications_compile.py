@@ -8,7 +8,12 @@ corruption targets), bfloat16, the row's overrides); t5lite.tpu.compile.compile_
 it and reads its per-chip peak memory, the HLO's matmul FLOPs (while loops, scanned layers
 included, times their trip counts), the roofline bound and the expected step
 (t5lite/tpu/step_time.py). One JSON line per row is appended to --out; a rerun skips the
-(row, stage, topology, --set) keys already there, so a killed run resumes.
+(row, stage, topology, --set, scan unroll) keys already there, so a killed run resumes.
+
+The plan's config (configs/quickstart.py) unrolls each stack inside its scan
+(model.scan_unroll=0: faster on a CPU); the bench compiles one layer per loop iteration
+(--scan-unroll 1, the default): the same layers, FLOPs and parameters, and a compile several
+times cheaper. Stacks whose layers differ are unrolled whatever it says (models/layer_plan.py).
 
     nice -n 10 python bench/modifications_compile.py --topology v4-8 [--rows vanilla gelu]
     python bench/modifications_compile.py --render   # the markdown table + TPU-hours
@@ -20,11 +25,13 @@ the baseline's by each row's pretraining step ratio: t5lite/ablations/estimation
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import time
 
+from t5lite import config as config_lib
 from t5lite.ablations import estimation, pretrain_columns
 from t5lite.ablations.modifications import TABLE
 from t5lite.ablations.plan import default_tasks, row_training_stages
@@ -35,7 +42,7 @@ TOPOLOGY = "v4-8"  # 4 chips: the chip count of the paper's v3-8 (its README's 2
 GiB = 1024 ** 3
 
 
-def stage_of(row_name: str, stage: str, extra: list):
+def stage_of(row_name: str, stage: str, extra: list, scan_unroll: int | None = None):
     """The row's training stage named ``stage`` ("pretrain" or "finetune_<task>") at paper
     scale, with the bench's own --set overrides on top."""
     tasks = default_tasks(TABLE, "paper")
@@ -46,7 +53,11 @@ def stage_of(row_name: str, stage: str, extra: list):
     named = {s.kind if s.kind == "pretrain" else f"finetune_{s.task}": s for s in stages}
     if stage not in named:
         raise SystemExit(f"{row_name} has no stage {stage!r}; it has {sorted(named)}")
-    return named[stage]
+    st = named[stage]
+    if scan_unroll is not None:  # the compile's, not the plan's (the line keeps the plan's)
+        st = dataclasses.replace(st, cfg=config_lib.replace(
+            st.cfg, [f"model.scan_unroll={scan_unroll}"]))
+    return st
 
 
 def scanned_stacks(cfg) -> dict:
@@ -60,13 +71,14 @@ def scanned_stacks(cfg) -> dict:
     return out
 
 
-def record(row_name: str, stage: str, topology: str, extra: list) -> dict:
+def record(row_name: str, stage: str, topology: str, extra: list, scan_unroll) -> dict:
     """Compile one row's stage -> its JSON line (an ``error`` line when the compile failed)."""
     from t5lite import models
-    st = stage_of(row_name, stage, extra)
+    st = stage_of(row_name, stage, extra, scan_unroll)
     paper = dict(zip(TABLE.paper_columns, TABLE.row(row_name).paper))
     line = {"row": row_name, "stage": stage, "topology": topology, "extra": extra,
             "config": st.config, "overrides": st.overrides,
+            "scan_unroll": st.cfg.model.scan_unroll,
             "params_M": round(models.count_params(st.cfg.model) / 1e6, 1),
             "scanned": scanned_stacks(st.cfg), "paper_ops_T": paper["Ops (T)"],
             "paper_step_per_s": paper["Step/s"], "load_before": os.getloadavg()[0],
@@ -108,13 +120,16 @@ def read_lines(path: str) -> list:
 
 
 def key(line: dict) -> tuple:
-    return (line["row"], line["stage"], line["topology"], tuple(line.get("extra", ())))
+    # a line without scan_unroll compiled the plan's value (0)
+    return (line["row"], line["stage"], line["topology"], tuple(line.get("extra", ())),
+            line.get("scan_unroll", 0))
 
 
 def render(lines: list, topology: str) -> None:
     """The compiled rows beside the paper's columns, then the whole table's TPU-hours at paper
     scale from the compiled steps (a row whose stages are not all compiled is left out of the
     total and named; nothing is compiled here)."""
+    lines = [x for x in lines if x.get("scan_unroll", 0) == 1]  # the set compiled alike
     print(pretrain_columns.compiled_table(TABLE, lines, topology) + "\n")
     estimation.estimate(TABLE, scale="paper", topology=topology, compiled=lines,
                         compile_missing=False)
@@ -127,6 +142,8 @@ def main(argv=None) -> None:
     p.add_argument("--stage", default="pretrain", help="pretrain or finetune_<task>")
     p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                    help="extra override on every row (e.g. model.scan_layers=False)")
+    p.add_argument("--scan-unroll", type=int, default=1,
+                   help="model.scan_unroll of the compile (-1: the plan's own, 0)")
     p.add_argument("--out", default=OUT)
     p.add_argument("--retry-errors", action="store_true",
                    help="compile again the rows whose line is an error")
@@ -136,11 +153,13 @@ def main(argv=None) -> None:
         render(read_lines(args.out), args.topology)
         return
     done = {key(x) for x in read_lines(args.out) if not (args.retry_errors and "error" in x)}
+    unroll = None if args.scan_unroll < 0 else args.scan_unroll
     for name in args.rows:
-        k = (name, args.stage, args.topology, tuple(args.extra))
+        k = (name, args.stage, args.topology, tuple(args.extra),
+             stage_of(name, args.stage, args.extra, unroll).cfg.model.scan_unroll)
         if k in done:
             continue
-        line = record(name, args.stage, args.topology, args.extra)
+        line = record(name, args.stage, args.topology, args.extra, unroll)
         with open(args.out, "a") as f:
             f.write(json.dumps(line) + "\n")
         print(json.dumps({x: line.get(x) for x in (

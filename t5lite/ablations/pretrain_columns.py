@@ -52,29 +52,34 @@ def _cell(x, fmt: str) -> str:
 
 
 def _compiled_cells(line: dict, base: Optional[dict]) -> list:
-    """fits / peak / Ops / step/s / x baseline cells of one compiled row."""
+    """fits / peak / Ops / forward MACs / step/s / x baseline cells of one compiled row."""
     if "error" in line:
-        return ["error", "-", "-", "-", "-", "-"]
+        return ["error", "-", "-", "-", "-", "-", "-"]
     step = line.get("expected_step_seconds")
     rate = 1 / step if step else None
     roof = line.get("roofline_step_seconds")
     base_step = (base or {}).get("expected_step_seconds")
     ratio = base_step / step if step and base_step else None
+    ops = line.get("ops_T")
     return ["yes" if line["fits"] else "**no**", f"{line['peak_gib_per_chip']:.2f}",
-            _cell(line.get("ops_T"), ".1f"), _cell(rate, ".2f"),
+            _cell(ops, ".1f"), _cell(ops / 6 if ops is not None else None, ".1f"),
+            _cell(rate, ".2f"),
             _cell(1 / roof if roof else None, ".2f"), _cell(ratio, ".2f")]
 
 
 def compiled_table(table, lines: Sequence[dict], topology: str) -> str:
     """A markdown table of the rows compiled for ``topology``, in the table's order: fits,
-    peak GiB per chip, compiled Ops (FLOPs of one step over all chips, T) beside the paper's
-    Ops, expected and roofline steps per second beside the paper's Step/s, and both step
-    rates relative to the baseline row (the paper measured on other hardware: the ratios are
-    what compares). Rows not compiled are left out; a failed compile says "error"."""
+    peak GiB per chip, compiled Ops (the matmul FLOPs of one training step over all chips,
+    T) and a sixth of it (the forward pass's multiply-accumulates when the step is forward +
+    backward = 3 forwards, no remat: the paper's Ops reads as that, Mesh TensorFlow's one-hot
+    embedding matmuls included) beside the paper's Ops, expected and roofline steps per
+    second beside the paper's Step/s, and both step rates relative to the baseline row (the
+    paper measured on other hardware: the ratios are what compares). Rows not compiled are
+    left out; a failed compile says "error"."""
     rows = compiled_lines(lines, topology)
     base = rows.get(table.baseline)
     base_paper = dict(zip(table.paper_columns, table.row(table.baseline).paper))
-    head = ["Row", "scanned", "fits", "peak GiB / chip", "Ops (T)", "paper Ops (T)",
+    head = ["Row", "scanned", "fits", "peak GiB / chip", "Ops (T)", "Ops / 6", "paper Ops (T)",
             "step/s expected", "step/s roofline", "paper Step/s", "x base (expected)",
             "x base (paper)"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -87,6 +92,6 @@ def compiled_table(table, lines: Sequence[dict], topology: str) -> str:
         cells = _compiled_cells(line, base)
         paper_ratio = paper["Step/s"] / base_paper["Step/s"]
         out.append("| " + " | ".join(
-            [row.label[0], scanned] + cells[:3] + [f"{paper['Ops (T)']:.1f}"] + cells[3:5]
-            + [f"{paper['Step/s']:.2f}", cells[5], f"{paper_ratio:.2f}"]) + " |")
+            [row.label[0], scanned] + cells[:4] + [f"{paper['Ops (T)']:.1f}"] + cells[4:6]
+            + [f"{paper['Step/s']:.2f}", cells[6], f"{paper_ratio:.2f}"]) + " |")
     return "\n".join(out)
