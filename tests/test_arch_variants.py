@@ -135,7 +135,8 @@ def test_transparent_attention_weights_are_a_softmax_over_layers():
 
 def test_weighted_transformer_branches():
     """Each head: its own output projection, times kappa_h, through the one shared FFN, times
-    alpha_h, summed; kappa and alpha are non-negative and sum to ~1. No separate FFN."""
+    alpha_h, summed; kappa and alpha are the raw U[0, 1) variables (Mesh TF never applied the
+    reference's constraint). No separate FFN."""
     cfg = tiny(weighted_transformer=True, scan_layers=False)
     batch = batch_for(cfg)
     _, params = init(cfg, batch)
@@ -145,8 +146,8 @@ def test_weighted_transformer_branches():
     layer = weighted.BranchedOutput(cfg)
     p = nn.meta.unbox(layer.init(KEY(4), heads)["params"])
     got = np.asarray(layer.apply({"params": p}, heads))
-    kappa, alpha = (np.asarray(weighted.simplex(p[n])) for n in ("kappa", "alpha"))
-    assert (kappa >= 0).all() and abs(kappa.sum() - 1) < 1e-3 and abs(alpha.sum() - 1) < 1e-3
+    kappa, alpha = (np.asarray(p[n]) for n in ("kappa", "alpha"))
+    assert ((kappa >= 0) & (kappa < 1)).all() and ((alpha >= 0) & (alpha < 1)).all()
     want = 0
     for h in range(2):
         o = np.asarray(heads[:, :, h]) @ np.asarray(p["out"][h]) * kappa[h]

@@ -301,9 +301,14 @@ ROWS = (
         "(cfg.model.num_encoder_layers % 3 > 0), cfg.model.num_encoder_layers // 3 + "
         "(cfg.model.num_encoder_layers % 3 > 1), cfg.model.num_encoder_layers // 3] if b]",
         "data.pack=False")),
-    # branched attention (self and cross) with the FFN inside; the gin's separate learning-rate
-    # schedule for kappa / alpha (slanted triangular, cut off for the last 10k steps) is not
-    # reproduced: they train with the model's schedule
+    # branched attention (self and cross) with the FFN inside, kappa / alpha unconstrained as
+    # the reference ran them (models/weighted.py). Every weight trains with the model's
+    # schedule, which is what the gin's AdafactorWithMultiLRSchedule did: its variable_search
+    # "branched" is a case-sensitive re.search over names whose scope is
+    # "BranchedSelfAttention" / "BranchedEncDecAttention", so no variable took the alternative
+    # schedule (which would also have covered the layers' q / k / v / o and FFN, and was
+    # slanted_triangular times learning_rate_cut_off, a factor that returns the step number
+    # before the cut-off, not 1)
     _row("weighted_transformer", "Weighted Transformer", ("model.weighted_transformer=True",)),
     # product_key_memory.gin: the memory replaces the FFN of the decoder's 11th of 12 layers;
     # Lample et al.'s 512^2 slots of d_model values, 4 heads, 32 slots read, 512-wide keys

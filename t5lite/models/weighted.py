@@ -2,10 +2,11 @@
 BranchedSelfAttention / BranchedEncDecAttention): each head h keeps its own output projection
 [K, D]; its output is scaled by kappa_h, sent through one FFN shared by the heads, scaled by
 alpha_h and summed over heads. The block then has no separate FFN sub-layer (every attention
-sub-layer, self and cross, carries one). kappa and alpha start U[0, 1) and are used as
-relu(z) / sum(relu(z) + 1e-4): non-negative and summing to about 1. The reference projects
-the stored variables onto that set after each update (a variable constraint); here the
-forward pass applies the map, which gives the same weights without an optimizer hook.
+sub-layer, self and cross, carries one). kappa and alpha start U[0, 1) and scale the branches
+as they are, unconstrained: the reference declares a constraint on them (relu, then divide by
+the sum: Ahmed et al.'s non-negative weights summing to 1), but a variable constraint is a
+TensorFlow-optimizer feature and Mesh TF's optimizers assign their updates without it (no
+Mesh TF code reads it), so the paper's runs used the raw variables, as this does.
 """
 
 from __future__ import annotations
@@ -15,12 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.models import layers as L
-
-
-def simplex(z_H):
-    """Non-negative weights summing to about 1 (the reference's constraint)."""
-    z_H = nn.relu(z_H)
-    return z_H / jnp.sum(z_H + 1e-4)
 
 
 class BranchedOutput(nn.Module):
@@ -37,8 +32,8 @@ class BranchedOutput(nn.Module):
         d, f = cfg.d_model, cfg.d_ff
         out = self._kernel("out", (h, k, d), ("heads", "kv", "embed"), h * k)
         o_BTHD = jnp.einsum("bthk,hkd->bthd", heads_BTHK.astype(dtype), out.astype(dtype))
-        kappa_H, alpha_H = (simplex(self.param(n, nn.with_logical_partitioning(
-            nn.initializers.uniform(1.0), ("heads",)), (h,), jnp.float32)).astype(dtype)
+        kappa_H, alpha_H = (self.param(n, nn.with_logical_partitioning(
+            nn.initializers.uniform(1.0), ("heads",)), (h,), jnp.float32).astype(dtype)
             for n in ("kappa", "alpha"))
         o_BTHD = o_BTHD * kappa_H[:, None]
         names = ("wi_0", "wi_1") if cfg.ffn in L.GATED else ("wi",)
