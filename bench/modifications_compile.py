@@ -40,6 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "modifications_compile.jsonl")
 TOPOLOGY = "v4-8"  # 4 chips: the chip count of the paper's v3-8 (its README's 2x2 topology)
 GiB = 1024 ** 3
+# what a stage that does not fit the slice's HBM is compiled again with, in order: micro-batches
+# (the paper's Mesh TensorFlow split its batches so too: tokens_per_microbatch_per_replica)
+FIT_WITH = ("train.grad_accum_steps=2", "train.grad_accum_steps=4")
 
 
 def stage_of(row_name: str, stage: str, extra: list, scan_unroll: int | None = None):
@@ -127,9 +130,11 @@ def key(line: dict) -> tuple:
 
 def render(lines: list, topology: str) -> None:
     """The compiled rows beside the paper's columns, then the whole table's TPU-hours at paper
-    scale from the compiled steps (a row whose stages are not all compiled is left out of the
+    scale from the compiled steps (a stage that does not fit as planned: its fitting variant,
+    pretrain_columns.fitted_lines; a row whose stages are not all compiled is left out of the
     total and named; nothing is compiled here)."""
-    lines = [x for x in lines if x.get("scan_unroll", 0) == 1]  # the set compiled alike
+    lines = pretrain_columns.fitted_lines(
+        [x for x in lines if x.get("scan_unroll", 0) == 1])  # the set compiled alike
     print(pretrain_columns.compiled_table(TABLE, lines, topology) + "\n")
     estimation.estimate(TABLE, scale="paper", topology=topology, compiled=lines,
                         compile_missing=False)
@@ -145,6 +150,9 @@ def main(argv=None) -> None:
     p.add_argument("--scan-unroll", type=int, default=1,
                    help="model.scan_unroll of the compile (-1: the plan's own, 0)")
     p.add_argument("--out", default=OUT)
+    p.add_argument("--fit-with", nargs="*", default=list(FIT_WITH), metavar="KEY=VALUE",
+                   help="a stage that does not fit is compiled again with each of these "
+                   "added (in order) until one fits")
     p.add_argument("--retry-errors", action="store_true",
                    help="compile again the rows whose line is an error")
     p.add_argument("--render", action="store_true", help="print the table and TPU-hours")
@@ -152,19 +160,28 @@ def main(argv=None) -> None:
     if args.render:
         render(read_lines(args.out), args.topology)
         return
-    done = {key(x) for x in read_lines(args.out) if not (args.retry_errors and "error" in x)}
+    done = {key(x): x for x in read_lines(args.out)
+            if not (args.retry_errors and "error" in x)}
     unroll = None if args.scan_unroll < 0 else args.scan_unroll
     for name in args.rows:
-        k = (name, args.stage, args.topology, tuple(args.extra),
-             stage_of(name, args.stage, args.extra, unroll).cfg.model.scan_unroll)
-        if k in done:
-            continue
-        line = record(name, args.stage, args.topology, args.extra, unroll)
-        with open(args.out, "a") as f:
-            f.write(json.dumps(line) + "\n")
-        print(json.dumps({x: line.get(x) for x in (
-            "row", "fits", "peak_gib_per_chip", "ops_T", "expected_step_seconds", "wall_s",
-            "error")}), flush=True)
+        for fit in [None] + args.fit_with:
+            extra = args.extra + ([fit] if fit else [])
+            k = (name, args.stage, args.topology, tuple(extra),
+                 stage_of(name, args.stage, extra, unroll).cfg.model.scan_unroll)
+            line = done.get(k) or compile_one(args.out, name, args.stage, args.topology, extra,
+                                              unroll)
+            if line.get("fits") or "error" in line:
+                break
+
+
+def compile_one(out: str, name: str, stage: str, topology: str, extra: list, unroll) -> dict:
+    line = record(name, stage, topology, extra, unroll)
+    with open(out, "a") as f:
+        f.write(json.dumps(line) + "\n")
+    print(json.dumps({x: line.get(x) for x in (
+        "row", "extra", "fits", "peak_gib_per_chip", "ops_T", "expected_step_seconds",
+        "wall_s", "error")}), flush=True)
+    return line
 
 
 if __name__ == "__main__":

@@ -121,3 +121,29 @@ def test_compiled_table_beside_the_papers_columns():
         "| 3.50 | 1.00 | 1.00 |")
     assert "| 50.0 | 8.3 | 11.1 | 4.00 | 5.00 | 3.53 | 0.40 | 1.01 |" in rows["SwiGLU"]
     assert "| error |" in rows["GeLU"]
+
+
+def test_a_stage_that_does_not_fit_is_costed_as_its_fitting_variant(capsys):
+    plan = _line("vanilla", "finetune_xsum", 0.5, fits=False, peak_gib_per_chip=33.2,
+                 expected_step_seconds=None, roofline_step_seconds=None)
+    accum = ["train.grad_accum_steps=2"]
+    variant = dict(_line("vanilla", "finetune_xsum", 0.5, peak_gib_per_chip=18.0), extra=accum)
+    other = dict(_line("swiglu", "finetune_xsum", 0.9), extra=accum)  # another row's
+    lines = [x for x in _compiled() if x["stage"] != "finetune_xsum"] + [plan, other, variant]
+    fitted = pretrain_columns.fitted_lines(lines)
+    xsum = [x for x in fitted if x["stage"] == "finetune_xsum"]
+    assert len(fitted) == len(_compiled()) and len(xsum) == 1
+    assert xsum[0]["fitted_with"] == accum and xsum[0]["overrides"] == plan["overrides"]
+    assert xsum[0]["expected_step_seconds"] == 0.5 and xsum[0]["extra"] == []
+    got = ablations.estimate(TABLE, rows=["vanilla"], scale="paper", topology=TOPO,
+                             compiled=fitted, compile_missing=False)
+    stages, steps = _stages("vanilla"), _steps()
+    assert got["rows"]["vanilla"]["tpu_hours"] == pytest.approx(4 * sum(
+        (st.cfg.train.steps - st.start) * steps[name] for name, st in stages.items()) / 3600)
+    plain = ablations.estimate(TABLE, rows=["vanilla"], scale="paper", topology=TOPO,
+                               compiled=lines, compile_missing=False)
+    assert "does not fit" in plain["rows"]["vanilla"]["not_estimated"]
+    md = pretrain_columns.compiled_table(TABLE, [dict(variant, stage="pretrain", extra=[],
+                                                      fitted_with=accum,
+                                                      plan_peak_gib_per_chip=33.2)], TOPO)
+    assert "| no (33.20); with train.grad_accum_steps=2 | 18.00 |" in md

@@ -47,6 +47,26 @@ def compiled_lines(lines: Sequence[dict], topology: str, stage: str = "pretrain"
             and x.get("stage") == stage and not x.get("extra")}
 
 
+def fitted_lines(lines: Sequence[dict]) -> list:
+    """The lines of stages compiled as the table plans them, each one that does not fit
+    replaced by the figures of the same row, stage and topology compiled with extra overrides
+    that fit (the first such line; e.g. micro-batches), still keyed as the plan's stage and
+    naming those overrides in ``fitted_with``; the estimate then costs the row as it can
+    run. A stage with no fitting variant stays as it is (does not fit)."""
+    out = []
+    for x in lines:
+        if x.get("extra") or x.get("fits", True) or "error" in x:
+            if not x.get("extra"):
+                out.append(x)
+            continue
+        fit = next((v for v in lines if v.get("extra") and v.get("fits") and all(
+            v.get(k) == x.get(k) for k in ("row", "stage", "topology", "scan_unroll"))), None)
+        out.append(x if fit is None else dict(
+            fit, config=x["config"], overrides=x["overrides"], extra=[],
+            fitted_with=fit["extra"], plan_peak_gib_per_chip=x["peak_gib_per_chip"]))
+    return out
+
+
 def _cell(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -61,7 +81,11 @@ def _compiled_cells(line: dict, base: Optional[dict]) -> list:
     base_step = (base or {}).get("expected_step_seconds")
     ratio = base_step / step if step and base_step else None
     ops = line.get("ops_T")
-    return ["yes" if line["fits"] else "**no**", f"{line['peak_gib_per_chip']:.2f}",
+    fits = "yes" if line["fits"] else "**no**"
+    if line.get("fitted_with"):
+        fits = (f"no ({line['plan_peak_gib_per_chip']:.2f}); with "
+                + ", ".join(line["fitted_with"]))
+    return [fits, f"{line['peak_gib_per_chip']:.2f}",
             _cell(ops, ".1f"), _cell(ops / 6 if ops is not None else None, ".1f"),
             _cell(rate, ".2f"),
             _cell(1 / roof if roof else None, ".2f"), _cell(ratio, ".2f")]
