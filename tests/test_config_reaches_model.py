@@ -37,6 +37,8 @@ NOT_MODEL_FIELDS = {
     "peft.unfreeze_every": "gradual unfreezing: an optimizer mask over steps (peft/unfreeze.py)",
     "peft.unfreeze_layers": "gradual unfreezing: an optimizer mask over steps (peft/unfreeze.py)",
     "peft.save_peft_params": "what a checkpoint save writes (peft/files.py)",
+    "decoder_expert_capacity_factor_eval": "the decoder's MoE capacity in eval only; this guard "
+                                           "traces training (tests/test_moe.py checks eval)",
 }
 
 # Sizes every family is shrunk to: the smallest model that still has each part; unscanned
@@ -75,6 +77,7 @@ CASES = {
     "num_experts": ("t5", SWITCH, None),
     "expert_d_ff": ("t5", SWITCH, None),
     "expert_capacity_factor": ("t5", SWITCH, None),
+    "decoder_expert_capacity_factor": ("t5", SWITCH, None),
     "moe_aux_loss_weight": ("t5", SWITCH, None),
     "router_jitter": ("t5", SWITCH, None),
     "pkm_keys": ("t5", PKM, None),

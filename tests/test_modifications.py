@@ -406,6 +406,9 @@ def test_moe_rows_follow_their_gins():
         m = _paper_scale_cfg(TABLE.row(name))
         assert (m.ffn_layer, m.expert_d_ff, m.expert_capacity_factor, m.router_jitter) == fields
         assert (m.num_experts, m.ffn_init_scale, m.moe_aux_loss_weight) == (32, 0.1, 0.01)
+        # the decoder at MoE1D's defaults (the gins' "deccoder/" lines reach no layer)
+        assert (m.decoder_expert_capacity_factor, m.decoder_expert_capacity_factor_eval) == (
+            1.25, 2.0)
         for stack in ("encoder", "decoder"):
             assert [i for i in range(12) if ffn_layer_at(m, stack, i, 12) != "dense"] == [3, 7, 11]
     assert _paper_scale_cfg(TABLE.row("vanilla")).ffn_init_scale == 1.0

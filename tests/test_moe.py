@@ -330,3 +330,20 @@ def test_ffn_init_scale_scales_expert_router_and_dense_ffn_kernels():
             base = attention
         for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(attention)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_decoder_layers_take_the_decoders_capacity_in_training_and_eval():
+    """Every token to one expert, 16 tokens, 4 experts: an encoder layer keeps
+    capacity_factor * 4 tokens in training and eval; a decoder layer 1.25 * 4 = 5 in training
+    and 2.0 * 4 = 8 in eval (the paper's reference decoder)."""
+    cfg = tiny(expert_capacity_factor=1.5, decoder_expert_capacity_factor=1.25,
+               decoder_expert_capacity_factor_eval=2.0)
+    x_BLD = jnp.abs(jax.random.normal(KEY(1), (1, 16, 16)))  # positive: expert 3 wins
+    layer, params = sparse_mlp(cfg, x_BLD)
+    params["router"]["kernel"] = jnp.zeros_like(params["router"]["kernel"]).at[:, 3].set(1.0)
+    for decoder, deterministic, kept in ((False, False, 6), (False, True, 6), (True, False, 5),
+                                         (True, True, 8)):
+        y_BLD = layer.apply({"params": params}, x_BLD, deterministic, decoder=decoder,
+                            rngs={"dropout": KEY(2)})
+        assert int((np.abs(np.asarray(y_BLD)).sum(-1) > 0).sum()) == kept, (decoder, kept)
+    assert moe.capacity_factor(tiny(), True, True) == tiny().expert_capacity_factor

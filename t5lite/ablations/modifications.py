@@ -176,7 +176,8 @@ FACTORIZED = ("model.factorized_embed_dim:=min(128, cfg.model.d_model)",)
 SOFTMAX_CLUSTERS = (2500, 6000, 23500, 128)  # the last: the sentinels (extra ids)
 MOE = ("model.num_experts=32",
        "model.ffn_layer_every:=max(1, cfg.model.num_encoder_layers // 3)",
-       "model.ffn_init_scale=0.1")
+       "model.ffn_init_scale=0.1", "model.decoder_expert_capacity_factor=1.25",
+       "model.decoder_expert_capacity_factor_eval=2.0")
 # Weights sized by the sequence length (the Synthesizers' model.max_length slots) cap the
 # finetuning inputs at that length, keeping the batch's tokens: XSum's 2,048 inputs become
 # 512, as the paper's code's xsum_v110_512.gin for models that cannot take longer inputs
@@ -283,10 +284,10 @@ ROWS = (
     # loss weight 1e-2 (Mesh TensorFlow's default); every FFN, expert and router kernel at a
     # tenth of the init variance (the gins' global VarianceScalingInitializer.scale = 0.1;
     # attention and embeddings have their own initializers); padding routed nowhere
-    # (models/moe.py). Not reproduced: the gins bind the decoder's capacity factors under the
-    # scope "deccoder/" (sic), which no layer enters, so the reference's decoder MoE layers
-    # kept MoE1D's defaults (1.25 in training, 2.0 in eval) while its encoder's used the
-    # row's; and the reference routes groups of up to 1,024 tokens of the flattened batch
+    # (models/moe.py). The gins bind the decoder's capacity factors under the scope
+    # "deccoder/" (sic), which no layer enters, so the reference's decoder MoE layers kept
+    # MoE1D's defaults, 1.25 in training and 2.0 in eval, as here (the encoder's: the row's).
+    # Not reproduced: the reference routes groups of up to 1,024 tokens of the flattened batch
     # (moe_group_size: two 512-token sequences share one capacity), this code one sequence.
     _row("mixture_of_experts", "Mixture of experts", MOE + (
         "model.ffn_layer=moe", "model.expert_capacity_factor=2.0",

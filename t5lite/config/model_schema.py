@@ -125,6 +125,9 @@ class ModelConfig(Section):
     # tokens an expert takes from each sequence: capacity_factor * length / num_experts (at
     # least 4, as Mesh TensorFlow); the rest of that expert's tokens skip the FFN (residual)
     expert_capacity_factor: float = setting(1.25, bounds=(0.0, None))
+    # the decoder's capacity factor in training / in eval (0 = expert_capacity_factor)
+    decoder_expert_capacity_factor: float = setting(0.0, bounds=(0.0, None))
+    decoder_expert_capacity_factor_eval: float = setting(0.0, bounds=(0.0, None))
     moe_aux_loss_weight: float = setting(0.01, bounds=(0.0, None))  # load-balancing loss
     router_jitter: float = setting(0.0, bounds=(0.0, 1.0))  # multiplicative, training only
     # the fan-in init's scale of every FFN kernel: dense wi / wo, experts and router (Mesh TF's

@@ -51,10 +51,13 @@ def ffn_module(cfg, ffn_layer: str, dense_cls):
         ffn_layer, dense_cls)
 
 
-def ffn_inputs(ffn_layer: str, ctx) -> dict:
+def ffn_inputs(ffn_layer: str, ctx, decoder: bool) -> dict:
     """What the FFN sub-layer takes besides (x, deterministic): a mixture of experts routes
-    only the real tokens (the reference leaves padding out of routing)."""
-    return {"valid_BL": ctx.valid} if ffn_layer in ("moe", "switch") else {}
+    only the real tokens (the reference leaves padding out of routing) and sizes a decoder
+    layer's capacity by the decoder's factor."""
+    if ffn_layer not in ("moe", "switch"):
+        return {}
+    return {"valid_BL": ctx.valid, "decoder": decoder}
 
 
 def has_ffn_sublayer(cfg) -> bool:

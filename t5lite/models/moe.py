@@ -37,6 +37,16 @@ def expert_capacity(length: int, num_experts: int, capacity_factor: float) -> in
     return min(length, max(int(length * capacity_factor / num_experts), MIN_CAPACITY))
 
 
+def capacity_factor(cfg, decoder: bool, deterministic: bool) -> float:
+    """The capacity factor of an encoder / decoder layer in training / eval: the decoder's
+    own fields when set (model.decoder_expert_capacity_factor[_eval]; 0 = the model's)."""
+    if not decoder:
+        return cfg.expert_capacity_factor
+    own = (cfg.decoder_expert_capacity_factor_eval if deterministic
+           else cfg.decoder_expert_capacity_factor)
+    return own or cfg.expert_capacity_factor
+
+
 def load_balancing_loss(probs_BLE, first_BLE, group_weight_B=None):
     """E^2 * mean over groups and experts of (fraction of the group's tokens whose first
     choice is the expert) * (mean router probability of the expert): 1 when balanced. Each
@@ -123,17 +133,19 @@ class SparseMLP(nn.Module):
     Params: router/kernel [D, E] ("embed", "expert"); wi (or wi_0, wi_1 for gated
     activations) [E, D, F] ("expert", "embed", "mlp"); wo [E, F, D] ("expert", "mlp", "embed"),
     all fan-in initialised times model.ffn_init_scale (the reference's gins: 0.1).
-    ``valid_BL``: the real (non-padding) tokens, the only ones routed (all when None).
+    ``valid_BL``: the real (non-padding) tokens, the only ones routed (all when None);
+    ``decoder``: the layer is a decoder's (its capacity factor: ``capacity_factor``).
     """
 
     cfg: object
 
     @nn.compact
-    def __call__(self, x_BLD, deterministic=True, valid_BL=None):
+    def __call__(self, x_BLD, deterministic=True, valid_BL=None, decoder=False):
         cfg = self.cfg
         dtype = L.compute_dtype(cfg)
         e, f, d = cfg.num_experts, cfg.expert_d_ff or cfg.d_ff, x_BLD.shape[-1]
-        capacity = expert_capacity(x_BLD.shape[1], e, cfg.expert_capacity_factor)
+        capacity = expert_capacity(x_BLD.shape[1], e,
+                                   capacity_factor(cfg, decoder, deterministic))
         gate_x_BLD = x_BLD.astype(jnp.float32)
         if cfg.router_jitter > 0 and not deterministic:
             gate_x_BLD = gate_x_BLD * jax.random.uniform(

@@ -117,7 +117,7 @@ class Block(nn.Module):
                     y, memory, ctx.cross_bias, deterministic=deterministic))
         if layer_plan.has_ffn_sublayer(cfg):
             ffn = layer_plan.ffn_module(cfg, self.ffn_layer, modules.mlp)
-            extra = layer_plan.ffn_inputs(self.ffn_layer, ctx)
+            extra = layer_plan.ffn_inputs(self.ffn_layer, ctx, self.decoder)
             x_BLD = sublayer(x_BLD, "mlp", lambda y: ffn(cfg, name="mlp")(
                 y, deterministic, **extra))
         if modules.after_mlp is not None:
