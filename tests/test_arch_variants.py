@@ -12,8 +12,9 @@ from flax import linen as nn
 
 from t5lite.config import ModelConfig
 from t5lite.errors import UserError
-from t5lite.models import build_model, check, dummy_batch, funnel, init_cache, pkm, transparent
+from t5lite.models import build_model, check, dummy_batch, funnel, pkm, transparent
 from t5lite.models import weighted
+from model_checks import assert_cached_decoding_equals_full_forward
 
 KEY = functools.partial(jax.random.key, impl="rbg")
 B, N_IN, N_TGT = 2, 8, 6
@@ -175,22 +176,7 @@ def test_cached_decoding_equals_full_forward(name):
     cfg = tiny(**VARIANTS[name])
     batch = batch_for(cfg)
     model, params = init(cfg, batch)
-    full = jax.jit(lambda p, b: model.apply({"params": p}, b)["logits"])(params, batch)
-    encoded = encode(model, params, batch["encoder_input_tokens"])
-    cache = init_cache(model, params, B, N_TGT, batch["encoder_input_tokens"])
-
-    @jax.jit
-    def step(cache, tokens):
-        return model.apply({"params": params, "cache": cache}, tokens, decode=True,
-                           mutable=["cache"], method="decode", encoded=encoded,
-                           encoder_input_tokens=batch["encoder_input_tokens"])
-
-    outs = []
-    for lo, hi in [(0, 2)] + [(i, i + 1) for i in range(2, N_TGT)]:
-        logits, mutated = step(cache, batch["decoder_input_tokens"][:, lo:hi])
-        cache = mutated["cache"]
-        outs.append(logits)
-    np.testing.assert_allclose(np.concatenate(outs, axis=1), full, atol=1e-4, rtol=1e-4)
+    assert_cached_decoding_equals_full_forward(model, params, batch, prefill=2)
 
 
 @pytest.mark.parametrize("fields, match", [

@@ -13,7 +13,8 @@ import pytest
 
 from t5lite.config.model_schema import ModelConfig
 from t5lite.errors import UserError
-from t5lite.models import build_model, count_params, dummy_batch, init_cache
+from t5lite.models import build_model, count_params, dummy_batch
+from model_checks import assert_cached_decoding_equals_full_forward
 
 V, D, L_ = 64, 16, 8
 TINY = ModelConfig(vocab_size=V, d_model=D, num_heads=2, head_dim=8, d_ff=32,
@@ -157,21 +158,7 @@ def test_adaptive_input_clusters_and_projections():
     ("encoder_decoder", dict(block_type="evolved"))])
 def test_cached_decoding_equals_full_forward(arch, fields):
     cfg, model, params, batch = make(arch, **fields)
-    full = model.apply({"params": params}, batch)["logits"]
-    kwargs, inputs = {}, batch.get("encoder_input_tokens")
-    if arch == "encoder_decoder":
-        kwargs = dict(encoded=model.apply({"params": params}, inputs, method="encode"),
-                      encoder_input_tokens=inputs)
-    cache = init_cache(model, params, 2, L_, inputs)
-    step = jax.jit(lambda cache, tokens: model.apply(
-        {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"],
-        method="decode", **kwargs))
-    outs = []
-    for lo, hi in [(0, 3)] + [(i, i + 1) for i in range(3, L_)]:
-        logits, mutated = step(cache, batch["decoder_input_tokens"][:, lo:hi])
-        cache = mutated["cache"]
-        outs.append(logits)
-    np.testing.assert_allclose(np.concatenate(outs, axis=1), full, atol=1e-4, rtol=1e-4)
+    assert_cached_decoding_equals_full_forward(model, params, batch, prefill=3)
 
 
 def test_evolved_blocks_have_their_branches():
