@@ -204,25 +204,13 @@ def test_train_step_adds_the_aux_loss_and_accumulates_it_exactly():
     """The jitted train step on a mesh: the Switch model's loss includes moe_aux_loss, and 2
     accumulated micro-batches give one big batch's loss, aux loss and gradient norm (routing
     groups are sequences, so the micro-batches route as the big batch does)."""
-    from train_helpers import synthetic_batches, tiny_config
+    from train_helpers import steps_per_accumulation, tiny_config
 
     from t5lite import config as config_lib
-    from t5lite.train import optim, trainer
     cfg = tiny_config("encoder_decoder", batch_size=8)
     cfg.model.ffn_layer, cfg.model.num_experts, cfg.model.moe_aux_loss_weight = "switch", 4, 0.5
     cfg.mesh = config_lib.MeshConfig(data=4, fsdp=2)
-    model = build_model(cfg.model)
-    mesh = partitioning.make_mesh(cfg.mesh)
-    tx = optim.make_optimizer(cfg.optim, 10)
-    state0, sh = trainer.create_train_state(cfg, model, mesh, tx)
-    state0 = jax.device_get(state0)
-    batch = partitioning.global_batch(synthetic_batches(cfg, 1)[0],
-                                      partitioning.batch_sharding(mesh))
-    out = {}
-    for k in (1, 2):
-        cfg.train.grad_accum_steps = k
-        step = trainer.make_train_step(cfg, model, tx, mesh, sh)
-        out[k] = jax.device_get(step(jax.device_put(state0, sh), batch)[1])
+    out = {k: metrics for k, (metrics, _) in steps_per_accumulation(cfg, (1, 2))[1].items()}
     assert out[1]["moe_aux_loss"] > 0
     np.testing.assert_allclose(out[1]["loss"], out[1]["cross_entropy"] + out[1]["z_loss"]
                                + out[1]["moe_aux_loss"], rtol=1e-5)
