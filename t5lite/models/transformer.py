@@ -263,10 +263,8 @@ class Stack(nn.Module):
                 self.kind == "decoder", prefix_BL if cfg.architecture == "prefix_lm" else None)
         x_BLD = self.embed(tokens_BL, positions_BL, token_types_BL, deterministic)
         if flash:  # the kernel makes masks and position biases itself: nothing [T, S] here
-            return x_BLD, self._flash_context(
-                q_valid_BL, segments_BL, positions_BL, encoded_BSD, encoder_tokens_BS,
-                encoder_segments_BS, deterministic).replace(valid=q_valid_BL)
-        valid_BL = q_valid_BL
+            return x_BLD, self._flash_context(q_valid_BL, segments_BL, positions_BL, encoded_BSD,
+                                              encoder_tokens_BS, encoder_segments_BS, deterministic)
         if self.num_prompt:  # prompt tuning: soft tokens in front, masks / positions extended
             if decode:
                 raise UserError("prompt tuning (model.peft.prompt_tokens) cannot decode a "
@@ -274,8 +272,6 @@ class Stack(nn.Module):
                                 "(model.peft.prefix_tokens) or an encoder-decoder model.")
             x_BLD, mask_BLS, positions_BL = self.modules.prompt.prepend(
                 self.prompt, x_BLD, mask_BLS, q_valid_BL, positions_BL)
-            valid_BL = jnp.pad(q_valid_BL, ((0, 0), (self.num_prompt, 0)),
-                               constant_values=True)
             k_pos_BS = positions_BL
         pos_bias = cache_index = rope_pos = encoded = cross_bias = None
         if cfg.position in ("relative", "alibi"):
@@ -300,8 +296,12 @@ class Stack(nn.Module):
                 q_valid_BL, k_valid_BS, segments_BL, encoder_segments_BS))
         ctx = LayerContext(bias=L.attention_bias(mask_BLS), pos_bias=pos_bias, rope_pos=rope_pos,
                            cache_index=cache_index, encoded=encoded, cross_bias=cross_bias,
-                           valid=valid_BL)
+                           valid=self._with_prompt(q_valid_BL))
         return x_BLD, ctx
+
+    def _with_prompt(self, valid_BL):
+        """The real-token mask with the soft prompt's positions (real) in front."""
+        return jnp.pad(valid_BL, ((0, 0), (self.num_prompt, 0)), constant_values=True)
 
     def _flash_context(self, q_valid_BL, segments_BL, positions_BL, encoded_BSD,
                        encoder_tokens_BS, encoder_segments_BS, deterministic):
@@ -314,7 +314,8 @@ class Stack(nn.Module):
             self, q_valid_BL, segments_BL, None if encoded_BSD is None else encoder_tokens_BS,
             encoder_segments_BS, deterministic)
         return LayerContext(bias=bias, rope_pos=positions_BL if self.cfg.position == "rope"
-                            else None, encoded=encoded_BSD, cross_bias=cross_bias)
+                            else None, encoded=encoded_BSD, cross_bias=cross_bias,
+                            valid=q_valid_BL)
 
     def _decode_mask(self, index, q_seg_BT, k_seg_BS, prefix_BT):
         """Query slot index+t sees filled cache slots <= its own; prefix tokens of this chunk
