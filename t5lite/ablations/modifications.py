@@ -288,7 +288,9 @@ ROWS = (
     # "deccoder/" (sic), which no layer enters, so the reference's decoder MoE layers kept
     # MoE1D's defaults, 1.25 in training and 2.0 in eval, as here (the encoder's: the row's).
     # Not reproduced: the reference routes groups of up to 1,024 tokens of the flattened batch
-    # (moe_group_size: two 512-token sequences share one capacity), this code one sequence.
+    # (moe_group_size: two 512-token sequences share one capacity), this code one sequence;
+    # and its top-2 drops second choices at random in eval too (second_policy_eval "random"),
+    # where this code's eval, which draws no random numbers, keeps them all.
     _row("mixture_of_experts", "Mixture of experts", MOE + (
         "model.ffn_layer=moe", "model.expert_capacity_factor=2.0",
         "model.expert_d_ff:=max(1, cfg.model.d_ff // 2)")),
