@@ -102,8 +102,6 @@ CASES = {
     "fixup": ("t5", {"norm": "none"}, None),
     "share_encoder_block": ("t5", TWO_LAYERS, None),
     "share_decoder_block": ("t5", TWO_LAYERS, None),
-    "universal_mix_layers": ("t5", {"universal_steps": 2}, None),
-    "universal_gating": ("t5", {"universal_steps": 2}, None),
     "universal_mix_layers": ("t5", {"universal_steps": 1}, None),
     "universal_gating": ("t5", {"universal_steps": 1}, None),
     "peft.lora_alpha": ("t5", {"peft.lora_rank": 2}, None),
