@@ -6,7 +6,8 @@ fields (dataclasses.fields, the PEFT and ELECTRA subsections included), builds a
 the family the field applies to with the field at its family's value and at other valid
 values, and asserts that the model differs: its parameter tree (paths, shapes, dtypes) or, for
 fields that change no parameter (activations, dropout, kernels, remat), the traced program of
-``init`` (which runs the forward pass) in training mode. Only tracing: nothing is compiled.
+``init`` (which runs the forward pass) in training mode, or else in eval mode (a setting read
+only in eval). Only tracing: nothing is compiled.
 
 A field that by design leaves the model alone goes in NOT_MODEL_FIELDS with why; any other
 field that changes nothing fails here, so a new field must be wired (or listed) to pass CI.
@@ -37,8 +38,6 @@ NOT_MODEL_FIELDS = {
     "peft.unfreeze_every": "gradual unfreezing: an optimizer mask over steps (peft/unfreeze.py)",
     "peft.unfreeze_layers": "gradual unfreezing: an optimizer mask over steps (peft/unfreeze.py)",
     "peft.save_peft_params": "what a checkpoint save writes (peft/files.py)",
-    "decoder_expert_capacity_factor_eval": "the decoder's MoE capacity in eval only; this guard "
-                                           "traces training (tests/test_moe.py checks eval)",
 }
 
 # Sizes every family is shrunk to: the smallest model that still has each part; unscanned
@@ -78,6 +77,7 @@ CASES = {
     "expert_d_ff": ("t5", SWITCH, None),
     "expert_capacity_factor": ("t5", SWITCH, None),
     "decoder_expert_capacity_factor": ("t5", SWITCH, None),
+    "decoder_expert_capacity_factor_eval": ("t5", SWITCH, None),  # eval mode only
     "moe_aux_loss_weight": ("t5", SWITCH, None),
     "router_jitter": ("t5", SWITCH, None),
     "pkm_keys": ("t5", PKM, None),
@@ -184,16 +184,17 @@ def cases():
             yield pytest.param(dotted, family, context, value, id=f"{dotted}={value}")
 
 
-def trace(cfg):
-    """(parameter shapes, a digest of the traced program of init in training mode) of
-    ``cfg``'s model. The batch is a constant of the program, not an argument: a field that only
-    adds a batch feature (a head's labels) changes the program only where the model reads it;
-    its tokens and positions are not all zero, so no table (RoPE's angles) folds to zeros, and
-    its token ids are the same whatever the vocabulary fields."""
+def trace(cfg, deterministic=False):
+    """(parameter shapes, a digest of the traced program of init in training mode, or eval
+    mode when ``deterministic``) of ``cfg``'s model. The batch is a constant of the program,
+    not an argument: a field that only adds a batch feature (a head's labels) changes the
+    program only where the model reads it; its tokens and positions are not all zero, so no
+    table (RoPE's angles) folds to zeros, and its token ids are the same whatever the
+    vocabulary fields."""
     model = build_model(cfg)
     batch = random_model_batch(cfg, 2, 8, 8, high=TINY["vocab_size"] // 2)
     keys = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
-    init = lambda keys: model.init(keys, batch, deterministic=False)  # noqa: E731
+    init = lambda keys: model.init(keys, batch, deterministic=deterministic)  # noqa: E731
     jaxpr, shapes = jax.make_jaxpr(init, return_shape=True)(keys)
     params = jax.tree_util.tree_flatten_with_path(shapes.get("params", {}))[0]
     # the text leaves out array constants (numpy tables made at trace time, e.g. RoPE's)
@@ -207,8 +208,8 @@ def trace(cfg):
 
 
 @functools.cache
-def traced(family, context_items):
-    return trace(replace(family_config(family), dict(context_items)))
+def traced(family, context_items, deterministic=False):
+    return trace(replace(family_config(family), dict(context_items)), deterministic)
 
 
 @pytest.mark.parametrize("dotted,family,context,value", list(cases()))
@@ -223,11 +224,16 @@ def test_field_changes_the_built_model(dotted, family, context, value):
     except UserError as e:
         pytest.fail(f"model.{dotted}={value!r} on the {family} family is not valid ({e}); "
                     "give it a context or value in CASES")
-    base_params, base_program = traced(family, tuple(sorted(context.items())))
+    context_items = tuple(sorted(context.items()))
+    base_params, base_program = traced(family, context_items)
+    if (params, program) == (base_params, base_program):  # a setting read only in eval?
+        params, program = trace(variant, deterministic=True)
+        base_params, base_program = traced(family, context_items, deterministic=True)
     assert params != base_params or program != base_program, (
         f"model.{dotted}={value!r} (family value {get(base, dotted)!r}) changes neither the "
-        f"parameter tree nor the traced program of the tiny {family} model: its hook was lost "
-        "(wire it), or it does not change the model by design (add it to NOT_MODEL_FIELDS)")
+        f"parameter tree nor the traced program (training or eval) of the tiny {family} "
+        "model: its hook was lost (wire it), or it does not change the model by design (add "
+        "it to NOT_MODEL_FIELDS)")
 
 
 def test_the_tables_name_only_real_fields():
