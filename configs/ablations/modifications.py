@@ -4,7 +4,7 @@ vanilla Transformer, measured beside the paper's numbers (t5lite/ablations/modif
 holds the rows, the baseline and the paper's numbers).
 
     t5lite ablate --table modifications --workdir runs/ablate
-    t5lite ablate --table modifications --estimate --topology v3-8
+    t5lite ablate --table modifications --estimate --topology v4-8
 """
 
 from t5lite.ablations.modifications import TABLE  # noqa: F401
