@@ -1,5 +1,8 @@
 """What a study costs before it runs: the training steps and tokens of every stage and, for a
-TPU slice, the TPU-hours from an AOT compile of each distinct stage config."""
+TPU slice, the TPU-hours from AOT compiles: each row's pretraining step and the baseline row's
+finetuning steps (a row's finetuning step modelled as the baseline's times the row's
+pretraining step ratio), or every stage; stages whose train step is the same share one
+compile, and compiles already made (bench/modifications_compile.jsonl) can be read in."""
 
 from __future__ import annotations
 
