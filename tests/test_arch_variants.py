@@ -179,6 +179,20 @@ def test_cached_decoding_equals_full_forward(name):
     assert_cached_decoding_equals_full_forward(model, params, batch, prefill=2)
 
 
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_training_builds_the_variant(name):
+    """The model training, evaluation and `t5lite compile` build (t5lite.peft.build_model,
+    PEFT off) is the variant itself, parameter for parameter (it once built the Weighted
+    Transformer with plain attention and no FFN at all)."""
+    from t5lite import peft
+    cfg = tiny(**VARIANTS[name])
+    batch = batch_for(cfg)
+    shapes = [jax.tree.map(jnp.shape, nn.meta.unbox(jax.eval_shape(
+        functools.partial(b(cfg).init, deterministic=True), KEY(0), batch))["params"])
+        for b in (build_model, peft.build_model)]
+    assert shapes[0] == shapes[1]
+
+
 @pytest.mark.parametrize("fields, match", [
     (dict(funnel_blocks=(2, 2)), "adding up"),
     (dict(funnel_blocks=(1, 2), architecture="decoder_only"), "pools an encoder"),

@@ -54,7 +54,10 @@ def build_model(cfg, modules: StackModules | None = None) -> nn.Module:
         if config_lib.peft_enabled(cfg):
             raise UserError("model.peft turns a PEFT method on: build this model with "
                             "t5lite.peft.build_model(cfg), which adds its modules.")
-        modules = layer_plan.core_modules(cfg, CORE_MODULES)
+        modules = CORE_MODULES
+    # after the caller's modules too: t5lite.peft passes CORE_MODULES when PEFT is off, and
+    # the model it builds is the one every training, eval and compile path runs
+    modules = layer_plan.core_modules(cfg, modules)
     if cfg.electra.rtd_head:  # ELECTRA: the encoder_only model with a generator + RTD head
         return Electra(cfg, modules)
     return ARCHITECTURES[cfg.architecture](cfg, modules)
