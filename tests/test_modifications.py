@@ -365,9 +365,24 @@ def test_pretraining_columns_are_read_from_the_pretraining_run(tmp_path):
     for step in range(10, 151, 10):
         logger.write(step, {"loss": 10.0 - step / 20, "steps_per_s": 2.0 + (step == 10)})
     logger.close()
-    got = pretrain_columns.pretraining_metrics(pre)
+    got = pretrain_columns.pretraining_metrics(pre)  # no eval loss logged: the training loss
     assert got["pretrain/early_loss"] == 10.0 - 20 / 20  # step 20 is nearest 150 / 8
     assert got["pretrain/final_loss"] == 10.0 - 150 / 20 and got["pretrain/steps_per_s"] == 2.0
+    # the plan evaluates every 1/8 of the steps (19 of 150; 65,536 of the paper's 524,288),
+    # and the held-out losses are the columns, as the paper's
+    assert pre.cfg.train.eval_every == 19
+    paper = plan_row(TABLE, TABLE.row("vanilla"), "/w", ("super_glue",), "paper")[0]
+    assert paper.cfg.train.eval_every == 65536
+    logger = MetricsLogger(pre.workdir, pre.cfg.train.steps, progress_bar=False)
+    for step in sorted(set(range(10, 151, 10)) | {19, 38, 57, 76, 95, 114, 133}):
+        if step % 10 == 0:
+            logger.write(step, {"loss": 10.0 - step / 20, "steps_per_s": 2.0 + (step == 10)})
+        if step % 19 == 0 or step == 150:
+            logger.write(step, {"loss": 20.0 - step / 20}, prefix="eval")
+    logger.close()
+    got = pretrain_columns.pretraining_metrics(pre)
+    assert got["pretrain/early_loss"] == 20.0 - 19 / 20  # the eval nearest 18.75
+    assert got["pretrain/final_loss"] == 20.0 - 150 / 20 and got["pretrain/steps_per_s"] == 2.0
     assert got["pretrain/params_M"] == count_params(pre.cfg.model) / 1e6
     for name, loss in (("vanilla", 3.0), ("gelu", 2.5)):
         metrics = dict(got, **{"pretrain/final_loss": loss, "sentiment/accuracy": 50.0})
