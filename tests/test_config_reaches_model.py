@@ -60,6 +60,7 @@ CASES = {
     "architecture": ("gpt", {}, None),  # prefix_lm vs decoder_only: same params, other mask
     "max_length": ("gpt", {}, None),  # the learned position table
     "embed_dim": ("bert", {}, None),
+    "embed_like_classifier": ("t5", {"scale_tied_logits": False}, None),
     "num_token_types": ("bert", {}, None),
     "nsp_head": ("bert", {}, None),
     "pooler": ("bert", {}, None),

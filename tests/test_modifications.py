@@ -228,6 +228,26 @@ def test_factorized_embedding_and_its_tied_softmax():
                                rtol=1e-5, atol=1e-5)
 
 
+def test_adam_rows_parametrize_the_embedding_like_a_classifier():
+    """defaults_adam.gin's VocabEmbedding.scale_variable_like_classifier_weights: the table
+    starts N(0, 1 / d), the lookup is times sqrt(d), the tied softmax reads it unscaled."""
+    from t5lite.models import check
+    cfg = tiny(embed_like_classifier=True, scale_tied_logits=False, vocab_size=512)
+    model, params, batch = init(cfg)
+    table = np.asarray(params["token_embedder"]["embedding"])
+    assert abs(table.std() * 32 ** 0.5 - 1) < 0.05
+    tokens = batch["encoder_input_tokens"]
+    positions = jnp.broadcast_to(jnp.arange(10), (2, 10))
+    got = model.apply({"params": params}, tokens, positions,
+                      method=lambda m, t, p: m.encoder.embed(t, p))
+    np.testing.assert_allclose(got, table[np.asarray(tokens)] * 32 ** 0.5, rtol=1e-5)
+    x = jax.random.normal(KEY(2), (2, 3, 32))
+    logits = model.apply({"params": params}, x, method=lambda m, x: m.decoder.logits(x))
+    np.testing.assert_allclose(logits, np.asarray(x) @ table.T, rtol=1e-4, atol=1e-4)
+    with pytest.raises(UserError, match="scale_tied_logits=False"):
+        check(tiny(embed_like_classifier=True))
+
+
 def test_embedding_tying_rows_count_their_tables():
     """Tied encoder/decoder inputs (untied softmax), tied decoder input and output (own encoder
     table), untied: one [V, D] table more per untied use; the untied model runs."""
@@ -351,6 +371,14 @@ def test_paper_scale_is_the_papers_setting():
     assert _paper_scale_cfg(TABLE.row("swiglu")).d_ff == 2048
     rezero = plan_row(TABLE, TABLE.row("rezero"), "/w", ("super_glue",), "paper")
     assert rezero[0].cfg.optim.name == "adamw" and rezero[1][0].cfg.optim.learning_rate == 5e-5
+    # defaults_adam.gin + learning_rate_schedules/adam.gin, in both stages' model
+    o = rezero[0].cfg.optim
+    assert (o.learning_rate, o.schedule, o.warmup_steps, o.ramp_steps, o.eps) == (
+        5e-4, "rsqrt", 10000, 4000, 1e-6)
+    for st in (rezero[0], rezero[1][0]):
+        m = st.cfg.model
+        assert (m.scale_attn_logits, m.scale_tied_logits, m.embed_like_classifier) == (
+            True, False, True)
 
 
 def test_pretraining_columns_are_read_from_the_pretraining_run(tmp_path):

@@ -20,6 +20,18 @@ def test_rsqrt_is_t5s_schedule():
         np.testing.assert_allclose(s(step), 1.0 / np.sqrt(max(step, 10000)), rtol=1e-6)
 
 
+def test_rsqrt_with_a_ramp_is_mesh_tfs_adam_schedule():
+    """learning_rate_schedules/adam.gin of Narang et al.'s code: 0.05 * linear_warmup(4,000)
+    * truncated_rsqrt(10,000) (Mesh TF: min(1, step / 4000) / sqrt(max(step, 10000)))."""
+    s = optim.make_schedule(ocfg(schedule="rsqrt", learning_rate=5e-4, warmup_steps=10000,
+                                 ramp_steps=4000), 10**6)
+    for step in (0, 1, 2000, 4000, 7000, 10000, 40000, 250000):
+        want = 0.05 * min(1.0, step / 4000) / np.sqrt(max(step, 10000))
+        np.testing.assert_allclose(s(step), want, rtol=1e-6, atol=1e-12)
+    with pytest.raises(UserError, match="optim.ramp_steps"):
+        optim.make_schedule(ocfg(schedule="cosine", ramp_steps=10), 100)(0)
+
+
 def test_warmup_then_constant_cosine_linear():
     kw = dict(learning_rate=1.0, warmup_steps=10, min_lr_ratio=0.1)
     const = optim.make_schedule(ocfg(schedule="constant", **kw), 110)

@@ -132,11 +132,22 @@ FINETUNE = ("model.dropout_rate=0.1",)
 # --scale paper: finetuning at a constant 5e-4 (the paper; its warm-up restarts at the
 # pretrained step, which a run that continues the pretraining's count has passed)
 PAPER_FINETUNE = ("optim.learning_rate=5e-4", "optim.schedule=constant")
-# ReZero and Fixup train with Adam: linear warm-up over 4,000 steps, then inverse square root
-# (peak 0.05 / sqrt(10^4) = 5e-4); finetuning at a constant 5e-5
+# ReZero and Fixup train with Adam as the paper's code sets it up (defaults_adam.gin with
+# learning_rate_schedules/adam.gin): Mesh TF's AdamWeightDecayOptimizer (epsilon 1e-6, no
+# weight decay) at 0.05 * linear_warmup(4,000) * truncated_rsqrt(10,000) = a ramp from 0 to
+# 5e-4 over 4,000 steps, constant to 10,000, then inverse square root (at other scales the
+# same shape over the scale's warm-up: ramp over 0.4 of it); its model side: queries scaled
+# at run time, not folded into their init (SelfAttention.fold_scaling_into_initializer =
+# False), and the token embedding parametrized like a classifier's weights
+# (VocabEmbedding.scale_variable_like_classifier_weights). Mesh TF's Adam has no bias
+# correction, optax's has: within the ramp's first steps only.
 ADAM = ("optim.name=adamw", "optim.learning_rate=5e-4", "optim.schedule=rsqrt",
-        "optim.warmup_steps:=min(4000, cfg.optim.warmup_steps)")
-ADAM_FINETUNE = ("optim.name=adamw", "optim.learning_rate=5e-5", "optim.schedule=constant")
+        "optim.ramp_steps:=max(1, round(cfg.optim.warmup_steps * 4000 / 10000))",
+        "optim.eps=1e-6", "optim.weight_decay=0.0")
+ADAM_MODEL = ("model.scale_attn_logits=True", "model.scale_tied_logits=False",
+              "model.embed_like_classifier=True")
+ADAM_FINETUNE = ("optim.name=adamw", "optim.learning_rate=5e-5", "optim.schedule=constant",
+                 "optim.eps=1e-6", "optim.weight_decay=0.0")
 
 
 def _scaled(key: str, ratio: str) -> str:
@@ -216,13 +227,15 @@ ROWS = (
     _row("softplus", "Softplus", ("model.ffn=softplus",)),
     # normalization
     _row("rms_norm", "RMS Norm", ("model.norm=rmsnorm",)),
-    _row("rezero", "Rezero", ("model.norm=none", "model.rezero=True"), ADAM, ADAM_FINETUNE),
-    _row("rezero_layer_norm", "Rezero + LayerNorm", ("model.rezero=True",), ADAM,
+    _row("rezero", "Rezero", ("model.norm=none", "model.rezero=True") + ADAM_MODEL, ADAM,
          ADAM_FINETUNE),
-    _row("rezero_rms_norm", "Rezero + RMS Norm", ("model.norm=rmsnorm", "model.rezero=True"),
-         ADAM, ADAM_FINETUNE),
-    _row("fixup", "Fixup", ("model.norm=none", "model.fixup=True", "model.dtype=float32"),
-         ADAM, ADAM_FINETUNE),
+    _row("rezero_layer_norm", "Rezero + LayerNorm", ("model.rezero=True",) + ADAM_MODEL, ADAM,
+         ADAM_FINETUNE),
+    _row("rezero_rms_norm", "Rezero + RMS Norm",
+         ("model.norm=rmsnorm", "model.rezero=True") + ADAM_MODEL, ADAM, ADAM_FINETUNE),
+    _row("fixup", "Fixup",
+         ("model.norm=none", "model.fixup=True", "model.dtype=float32") + ADAM_MODEL, ADAM,
+         ADAM_FINETUNE),
     # depth at equal parameters
     _row("depth24", "24 layers, d_ff = 1536, H = 6", _depth(24, 1536, 6)),
     _row("depth18", "18 layers, d_ff = 2048, H = 8", _depth(18, 2048, 8)),

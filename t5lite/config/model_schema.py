@@ -180,6 +180,11 @@ class ModelConfig(Section):
     embed_norm: bool = False  # norm after summing embeddings (BERT)
     scale_attn_logits: bool = False  # q.k / sqrt(head_dim); T5 folds it into the query init
     scale_tied_logits: bool = True  # T5 v1.0: decoder output * d_model**-0.5 before tied head
+    # Mesh TF's VocabEmbedding.scale_variable_like_classifier_weights (Narang et al.'s Adam
+    # rows, defaults_adam.gin): the token embedding starts N(0, 1 / width) and is multiplied
+    # by sqrt(width) where it is looked up, so Adam's steps move it like the other weights;
+    # the tied softmax reads it unscaled (scale_tied_logits=False)
+    embed_like_classifier: bool = False
     # 0 = T5X init (fan-in dense, N(0,1) embeddings); >0 = N(0, std)
     init_std: float = setting(0.0, bounds=(0.0, None))
     rope_max_wavelength: float = setting(10000.0, bounds=(1e-9, None))

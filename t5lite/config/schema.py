@@ -63,6 +63,10 @@ class OptimizerConfig(Section):
     learning_rate: float = setting(1e-2, bounds=(0.0, None))  # peak
     schedule: str = setting("rsqrt", choices=("rsqrt", "constant", "cosine", "linear"))
     warmup_steps: int = setting(1000, bounds=(0, None))
+    # rsqrt only: the rate also ramps linearly from 0 over these steps (Mesh TF's linear_warmup
+    # multiplier; Narang et al.'s Adam rows: 4,000 of the rsqrt's 10,000); 0 = T5's constant
+    # warm-up
+    ramp_steps: int = setting(0, bounds=(0, None))
     weight_decay: float = setting(0.0, bounds=(0.0, None))
     b1: float = setting(0.9, bounds=(0.0, 1.0))
     b2: float = setting(0.999, bounds=(0.0, 1.0))

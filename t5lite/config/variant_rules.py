@@ -20,6 +20,11 @@ def check_variants(m) -> None:
             not m.universal_steps or getattr(m, "block_type", "transformer") != "transformer"):
         raise UserError("model.universal_gating / universal_mix_layers shape a Universal "
                         "Transformer: set model.universal_steps > 0 (block_type=transformer).")
+    if m.embed_like_classifier and (m.scale_tied_logits or m.factorized_embed_dim
+                                    or m.adaptive_input or m.output_softmax != "softmax"):
+        raise UserError("model.embed_like_classifier scales a plain token embedding and its "
+                        "tied softmax reads it unscaled: set model.scale_tied_logits=False, "
+                        "output_softmax=softmax, no factorized_embed_dim / adaptive_input.")
     peft = m.peft
     if m.weighted_transformer and (peft.lora_rank or peft.prompt_tokens or peft.prefix_tokens
                                    or peft.adapter_dim or peft.ia3):

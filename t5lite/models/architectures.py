@@ -88,7 +88,11 @@ def token_embedder(cfg):
         return FactorizedEmbed(cfg)
     if vocab_layer_kind(cfg):  # adaptive input / adaptive softmax / mixture of softmaxes
         return make_vocab_layer(cfg)
-    return L.make_embed(cfg, cfg.vocab_size, cfg.embed_dim or cfg.d_model, ("vocab", "embed"))
+    width = cfg.embed_dim or cfg.d_model
+    if cfg.embed_like_classifier:  # Stack.embed multiplies the lookup by sqrt(width)
+        return L.Embed(cfg.vocab_size, width, ("vocab", "embed"), L.compute_dtype(cfg),
+                       nn.initializers.normal(width ** -0.5), cfg.gradient_rules)
+    return L.make_embed(cfg, cfg.vocab_size, width, ("vocab", "embed"))
 
 
 def head_dense(cfg, features: int, axes):

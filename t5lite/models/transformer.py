@@ -334,6 +334,8 @@ class Stack(nn.Module):
         cfg = self.cfg
         owner = self if self.embeddings_from is None else self.embeddings_from
         x_BLD = self.embedder(tokens_BL)
+        if cfg.embed_like_classifier:  # architectures.token_embedder: N(0, 1 / width)
+            x_BLD = x_BLD * jnp.asarray(x_BLD.shape[-1] ** 0.5, x_BLD.dtype)
         if cfg.position == "learned":
             x_BLD = x_BLD + owner.position_embedder(positions_BL)
         elif cfg.position == "sinusoidal":

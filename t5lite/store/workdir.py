@@ -335,8 +335,8 @@ PLACEMENT_KEYS = ("name", "mesh.", "checkpoint.async_save", "checkpoint.init_fro
 SAFE_KEYS = ("train.steps", "optim.min_lr_ratio", "train.log_every", "train.eval_every",
              "train.eval_steps", "train.stop_on_nan", "eval.", "decode.",
              "checkpoint.every_steps", "checkpoint.keep", "optim.learning_rate",
-             "optim.schedule", "optim.warmup_steps", "optim.b1", "optim.b2", "optim.eps",
-             "optim.weight_decay", "optim.clip_grad_norm", "train.z_loss",
+             "optim.schedule", "optim.warmup_steps", "optim.ramp_steps", "optim.b1",
+             "optim.b2", "optim.eps", "optim.weight_decay", "optim.clip_grad_norm", "train.z_loss",
              "train.label_smoothing", "model.dropout_rate", "train.skip_batches",
              "train.grad_accum_steps")
 HISTORY = "config_history.jsonl"

@@ -23,7 +23,9 @@ def make_schedule(opt_cfg, total_steps: int):
     """step -> learning rate.
 
     rsqrt:    peak * sqrt(warmup / max(step, warmup)): constant for `warmup` steps, then 1/sqrt
-              decay (exactly T5's 1/sqrt(max(step, 10000)) with peak=0.01, warmup=10000).
+              decay (exactly T5's 1/sqrt(max(step, 10000)) with peak=0.01, warmup=10000);
+              times min(1, step / ramp_steps) with optim.ramp_steps (Mesh TF's
+              truncated_rsqrt * linear_warmup).
     constant / cosine / linear: linear warmup from peak/warmup to peak over `warmup` steps, then
               constant / cosine / linear decay to peak * min_lr_ratio at total_steps.
     """
@@ -34,7 +36,12 @@ def make_schedule(opt_cfg, total_steps: int):
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
         if opt_cfg.schedule == "rsqrt":
-            return peak * jnp.sqrt(max(warmup, 1) / jnp.maximum(step, max(warmup, 1)))
+            ramp = jnp.minimum(1.0, step / opt_cfg.ramp_steps) if opt_cfg.ramp_steps else 1.0
+            return ramp * peak * jnp.sqrt(max(warmup, 1) / jnp.maximum(step, max(warmup, 1)))
+        if opt_cfg.ramp_steps:
+            raise UserError("optim.ramp_steps ramps the rsqrt schedule: set optim.schedule="
+                            "rsqrt, or optim.ramp_steps=0 (the other schedules warm up "
+                            "linearly over optim.warmup_steps).")
         ramp = jnp.minimum(1.0, (step + 1.0) / warmup) if warmup else 1.0
         progress = jnp.clip((step - warmup) / decay_steps, 0.0, 1.0)
         if opt_cfg.schedule == "constant":
