@@ -199,6 +199,7 @@ def test_training_builds_the_variant(name):
     (dict(transparent_attention=True, architecture="decoder_only"), "encoder_decoder"),
     (dict(ffn_layer="pkm", ffn_layer_at=(5,)), "not a layer"),
     (dict(ffn_layer="switch", num_experts=1), "num_experts >= 2"),
+    (dict(ffn_init_scale=0.1, init_std=0.02), "init_std=0"),
 ])
 def test_config_rules(fields, match):
     with pytest.raises(UserError, match=match):

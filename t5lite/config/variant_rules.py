@@ -20,6 +20,10 @@ def check_variants(m) -> None:
             not m.universal_steps or getattr(m, "block_type", "transformer") != "transformer"):
         raise UserError("model.universal_gating / universal_mix_layers shape a Universal "
                         "Transformer: set model.universal_steps > 0 (block_type=transformer).")
+    if m.ffn_init_scale != 1.0 and m.init_std > 0:
+        raise UserError("model.ffn_init_scale scales the fan-in init, which model.init_std > 0 "
+                        "(BERT / GPT-2: every kernel N(0, init_std)) replaces: set "
+                        "init_std=0 or leave ffn_init_scale at 1.")
     if m.embed_like_classifier and (m.scale_tied_logits or m.factorized_embed_dim
                                     or m.adaptive_input or m.output_softmax != "softmax"):
         raise UserError("model.embed_like_classifier scales a plain token embedding and its "
