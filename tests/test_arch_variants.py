@@ -161,6 +161,9 @@ VARIANTS = {
     "moe": dict(ffn_layer="moe", ffn_layer_every=2, num_experts=3,
                 expert_capacity_factor=8.0),
     "switch": dict(ffn_layer="switch", num_experts=3, expert_capacity_factor=8.0),
+    # routing groups across the batch's sequences (a decoding step groups the batch's tokens)
+    "switch_grouped": dict(ffn_layer="switch", num_experts=3, expert_capacity_factor=8.0,
+                           moe_group_size=16),
     "pkm": dict(ffn_layer="pkm", ffn_layer_at=(-2,), ffn_layer_stacks="decoder", pkm_keys=4,
                 pkm_heads=2, pkm_knn=2, pkm_key_dim=8),
     "funnel": dict(funnel_blocks=(1, 1, 1)),

@@ -77,6 +77,7 @@ CASES = {
     "num_experts": ("t5", SWITCH, None),
     "expert_d_ff": ("t5", SWITCH, None),
     "expert_capacity_factor": ("t5", SWITCH, None),
+    "moe_group_size": ("t5", SWITCH, [1024]),
     "decoder_expert_capacity_factor": ("t5", SWITCH, None),
     "decoder_expert_capacity_factor_eval": ("t5", SWITCH, None),  # eval mode only
     "moe_aux_loss_weight": ("t5", SWITCH, None),

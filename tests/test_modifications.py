@@ -449,6 +449,7 @@ def test_moe_rows_follow_their_gins():
         m = _paper_scale_cfg(TABLE.row(name))
         assert (m.ffn_layer, m.expert_d_ff, m.expert_capacity_factor, m.router_jitter) == fields
         assert (m.num_experts, m.ffn_init_scale, m.moe_aux_loss_weight) == (32, 0.1, 0.01)
+        assert m.moe_group_size == 1024  # MoE1D's group_size
         # the decoder at MoE1D's defaults (the gins' "deccoder/" lines reach no layer)
         assert (m.decoder_expert_capacity_factor, m.decoder_expert_capacity_factor_eval) == (
             1.25, 2.0)

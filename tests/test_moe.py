@@ -335,3 +335,31 @@ def test_decoder_layers_take_the_decoders_capacity_in_training_and_eval():
                             rngs={"dropout": KEY(2)})
         assert int((np.abs(np.asarray(y_BLD)).sum(-1) > 0).sum()) == kept, (decoder, kept)
     assert moe.capacity_factor(tiny(), True, True) == tiny().expert_capacity_factor
+
+
+def test_routing_groups_split_the_flattened_batch_as_mesh_tf():
+    """The fewest equal groups of at most moe_group_size tokens (Mesh TF's _split_into_groups
+    with one batch shard): the paper's encoder 128 x 512 -> 64 x 1024, decoder 128 x 114 ->
+    16 x 912; 0 keeps one group a sequence."""
+    assert moe.routing_groups(128 * 512, 1024, 512) == (64, 1024)
+    assert moe.routing_groups(128 * 114, 1024, 114) == (16, 912)
+    assert moe.routing_groups(100, 30, 10) == (4, 25)  # 3 groups do not divide 100
+    assert moe.routing_groups(6, 1024, 1) == (1, 6)  # one decoding step: the batch's tokens
+    assert moe.routing_groups(128 * 114, 0, 114) == (128, 114)
+
+
+def test_a_routing_group_shares_one_capacity_across_sequences():
+    """Every token to expert 3, capacity factor 1 of 4 experts: one sequence a group keeps the
+    first 4 tokens of each of the 2 sequences; groups of 16 tokens keep the first 4 of the
+    flattened batch (all in sequence 0), each with the same output as per sequence."""
+    x_BLD = jnp.abs(jax.random.normal(KEY(1), (2, 8, 16)))
+    outs = {}
+    for group in (0, 16):
+        cfg = tiny(expert_capacity_factor=1.0, moe_group_size=group)
+        layer, params = sparse_mlp(cfg, x_BLD)
+        params["router"]["kernel"] = jnp.zeros_like(params["router"]["kernel"]).at[:, 3].set(1.)
+        outs[group] = np.asarray(layer.apply({"params": params}, x_BLD, True))
+    kept = {g: np.abs(y).sum(-1) > 0 for g, y in outs.items()}
+    np.testing.assert_array_equal(kept[0], [[1] * 4 + [0] * 4] * 2)
+    np.testing.assert_array_equal(kept[16], [[1] * 4 + [0] * 4, [0] * 8])
+    np.testing.assert_allclose(outs[16][0, :4], outs[0][0, :4], rtol=1e-6)

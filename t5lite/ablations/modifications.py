@@ -188,7 +188,7 @@ BLOCK_SHARING = ("model.share_encoder_block=True", "model.share_decoder_block=Tr
 UNTIED_SOFTMAX = ("model.tie_embeddings=False",)
 FACTORIZED = ("model.factorized_embed_dim:=min(128, cfg.model.d_model)",)
 SOFTMAX_CLUSTERS = (2500, 6000, 23500, 128)  # the last: the sentinels (extra ids)
-MOE = ("model.num_experts=32",
+MOE = ("model.num_experts=32", "model.moe_group_size=1024",
        "model.ffn_layer_every:=max(1, cfg.model.num_encoder_layers // 3)",
        "model.ffn_init_scale=0.1", "model.decoder_expert_capacity_factor=1.25",
        "model.decoder_expert_capacity_factor_eval=2.0")
@@ -303,10 +303,11 @@ ROWS = (
     # (models/moe.py). The gins bind the decoder's capacity factors under the scope
     # "deccoder/" (sic), which no layer enters, so the reference's decoder MoE layers kept
     # MoE1D's defaults, 1.25 in training and 2.0 in eval, as here (the encoder's: the row's).
-    # Not reproduced: the reference routes groups of up to 1,024 tokens of the flattened batch
-    # (moe_group_size: two 512-token sequences share one capacity), this code one sequence;
-    # and its top-2 drops second choices at random in eval too (second_policy_eval "random"),
-    # where this code's eval, which draws no random numbers, keeps them all.
+    # Routing groups as the reference's: up to 1,024 tokens of the flattened batch
+    # (moe_group_size; at paper scale two 512-token inputs, or 8 x 114 = 912 targets, share
+    # one capacity). Not reproduced: its top-2 drops second choices at random in eval too
+    # (second_policy_eval "random"), where this code's eval, which draws no random numbers,
+    # keeps them all.
     _row("mixture_of_experts", "Mixture of experts", MOE + (
         "model.ffn_layer=moe", "model.expert_capacity_factor=2.0",
         "model.expert_d_ff:=max(1, cfg.model.d_ff // 2)")),

@@ -122,13 +122,16 @@ class ModelConfig(Section):
     ffn_layer_stacks: str = setting("both", choices=("both", "encoder", "decoder"))
     num_experts: int = setting(32, bounds=(1, None))
     expert_d_ff: int = setting(0, bounds=(0, None), meaning=" (0 = d_ff)")
-    # tokens an expert takes from each sequence: capacity_factor * length / num_experts (at
-    # least 4, as Mesh TensorFlow); the rest of that expert's tokens skip the FFN (residual)
+    # tokens an expert takes from each routing group (moe_group_size): capacity_factor *
+    # group / num_experts (at least 4, as Mesh TensorFlow); the rest skip the FFN (residual)
     expert_capacity_factor: float = setting(1.25, bounds=(0.0, None))
     # the decoder's capacity factor in training / in eval (0 = expert_capacity_factor)
     decoder_expert_capacity_factor: float = setting(0.0, bounds=(0.0, None))
     decoder_expert_capacity_factor_eval: float = setting(0.0, bounds=(0.0, None))
     moe_aux_loss_weight: float = setting(0.01, bounds=(0.0, None))  # load-balancing loss
+    # tokens a routing group holds at most: the batch's tokens, flattened, in the fewest equal
+    # groups (Mesh TF's moe_group_size; the paper's gins 1024); 0 = each sequence a group
+    moe_group_size: int = setting(0, bounds=(0, None))
     router_jitter: float = setting(0.0, bounds=(0.0, 1.0))  # multiplicative, training only
     # the fan-in init's scale of every FFN kernel: dense wi / wo, experts and router (Mesh TF's
     # global VarianceScalingInitializer.scale; its MoE / Switch gins set 0.1)

@@ -1,10 +1,13 @@
 """Mixture-of-experts FFN layers: GShard top-2 ("moe") and Switch top-1 ("switch") routing.
 
-Shapes: B batch (each row is one routing group), L length, D embed, E experts, C expert
-capacity, F expert hidden width. As in Mesh TensorFlow's MoE1D (the codebase of Narang et al.
-2021): the router runs in float32; every expert takes at most C = capacity_factor * L / E
-tokens of a sequence (at least 4), in sequence order; a token routed past a full expert gets
-nothing from it, so its FFN output is zero and only the residual carries it. The
+Shapes: B batch, L length, D embed, E experts, C expert capacity, F expert hidden width; the
+routing functions take [B, L] as (routing groups, tokens a group). As in Mesh TensorFlow's
+MoE1D (the codebase of Narang et al. 2021): the batch's tokens, flattened, are split into the
+fewest equal groups of at most model.moe_group_size tokens (its moe_group_size, 1024 in the
+paper's gins; 0 here = each sequence a group, as Hugging Face's Switch routes); the router
+runs in float32; every expert takes at most C = capacity_factor * group / E tokens of a group
+(at least 4), in token order; a token routed past a full expert gets nothing from it, so its
+FFN output is zero and only the residual carries it. The
 load-balancing loss E^2 * mean_e(fraction of tokens whose first choice is e * mean router
 probability of e) is sown into the "aux_loss" collection times model.moe_aux_loss_weight;
 ``sown_aux_loss`` adds it up for the training loss. Expert weights carry the logical axis
@@ -33,8 +36,21 @@ AUX_COLLECTION = "aux_loss"
 
 
 def expert_capacity(length: int, num_experts: int, capacity_factor: float) -> int:
-    """Tokens one expert takes from a sequence of ``length`` tokens."""
+    """Tokens one expert takes from a routing group of ``length`` tokens."""
     return min(length, max(int(length * capacity_factor / num_experts), MIN_CAPACITY))
+
+
+def routing_groups(tokens: int, max_group: int, length: int) -> tuple[int, int]:
+    """(groups, tokens a group) for a batch of ``tokens`` tokens in sequences of ``length``:
+    Mesh TF's _split_into_groups (the fewest groups of at most ``max_group`` tokens that divide
+    the batch evenly; its mesh factor is 1 here, which leaves the paper's shapes as they were:
+    128 x 512 -> 64 x 1024, 128 x 114 -> 16 x 912); ``max_group`` 0: one group a sequence."""
+    if not max_group:
+        return tokens // length, length
+    groups = max(1, tokens // max_group)
+    while tokens % groups:
+        groups += 1
+    return groups, tokens // groups
 
 
 def capacity_factor(cfg, decoder: bool, deterministic: bool) -> float:
@@ -142,6 +158,15 @@ class SparseMLP(nn.Module):
     @nn.compact
     def __call__(self, x_BLD, deterministic=True, valid_BL=None, decoder=False):
         cfg = self.cfg
+        b, l, d = x_BLD.shape
+        g, s = routing_groups(b * l, cfg.moe_group_size, l)
+        out_GSD = self._route(x_BLD.reshape(g, s, d), deterministic,
+                              None if valid_BL is None else valid_BL.reshape(g, s), decoder)
+        return L.constrain(out_GSD.reshape(b, l, d), ("batch", "length", "embed"))
+
+    def _route(self, x_BLD, deterministic, valid_BL, decoder):
+        """The layer on routing groups: x [B groups, L tokens a group, D] -> [B, L, D]."""
+        cfg = self.cfg
         dtype = L.compute_dtype(cfg)
         e, f, d = cfg.num_experts, cfg.expert_d_ff or cfg.d_ff, x_BLD.shape[-1]
         capacity = expert_capacity(x_BLD.shape[1], e,
@@ -172,8 +197,7 @@ class SparseMLP(nn.Module):
         wo = self._kernel("wo", (e, f, d), ("expert", "mlp", "embed"))
         out_EBCD = jnp.einsum("ebcf,efd->ebcd", h_EBCF, wo.astype(dtype))
         out_EBCD = L.constrain(out_EBCD, ("expert", "batch", None, "embed"))
-        out_BLD = jnp.einsum("blec,ebcd->bld", combine_BLEC.astype(dtype), out_EBCD)
-        return L.constrain(out_BLD, ("batch", "length", "embed"))
+        return jnp.einsum("blec,ebcd->bld", combine_BLEC.astype(dtype), out_EBCD)
 
     def _kernel(self, name, shape, axes):
         """An expert-stacked kernel, fan-in initialised per expert like a dense kernel."""
