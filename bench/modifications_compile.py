@@ -8,7 +8,8 @@ corruption targets), bfloat16, the row's overrides); t5lite.tpu.compile.compile_
 it and reads its per-chip peak memory, the HLO's matmul FLOPs (while loops, scanned layers
 included, times their trip counts), the roofline bound and the expected step
 (t5lite/tpu/step_time.py). One JSON line per row is appended to --out; a rerun skips the
-(row, stage, topology, --set, scan unroll) keys already there, so a killed run resumes.
+(row, stage, topology, --set, scan unroll) keys already there, so a killed run resumes;
+a row whose plan has changed since its line was written compiles again (`is_current`).
 
 The plan's config (configs/quickstart.py) unrolls each stack inside its scan
 (model.scan_unroll=0: faster on a CPU); the bench compiles one layer per loop iteration
@@ -128,13 +129,25 @@ def key(line: dict) -> tuple:
             line.get("scan_unroll", 0))
 
 
+def is_current(line: dict) -> bool:
+    """The line compiled the step its row's stage plans today (estimation.same_step): a row
+    whose plan changed since is compiled again, and its old line is no longer shown."""
+    now = stage_of(line["row"], line["stage"], list(line.get("extra", ())), None).cfg
+    return estimation.same_step(line, now)
+
+
 def render(lines: list, topology: str) -> None:
     """The compiled rows beside the paper's columns, then the whole table's TPU-hours at paper
     scale from the compiled steps (a stage that does not fit as planned: its fitting variant,
     pretrain_columns.fitted_lines; a row whose stages are not all compiled is left out of the
-    total and named; nothing is compiled here)."""
-    lines = pretrain_columns.fitted_lines(
-        [x for x in lines if x.get("scan_unroll", 0) == 1])  # the set compiled alike
+    total and named; nothing is compiled here). Lines of a plan that has changed since are
+    left out and named."""
+    lines = [x for x in lines if x.get("scan_unroll", 0) == 1]  # the set compiled alike
+    stale = sorted({x["row"] for x in lines if not is_current(x)})
+    if stale:
+        print(f"compiled before their plan changed (left out; compile them again): "
+              f"{', '.join(stale)}\n")
+    lines = pretrain_columns.fitted_lines([x for x in lines if x["row"] not in stale])
     print(pretrain_columns.compiled_table(TABLE, lines, topology) + "\n")
     estimation.estimate(TABLE, scale="paper", topology=topology, compiled=lines,
                         compile_missing=False)
@@ -161,7 +174,7 @@ def main(argv=None) -> None:
         render(read_lines(args.out), args.topology)
         return
     done = {key(x): x for x in read_lines(args.out)
-            if not (args.retry_errors and "error" in x)}
+            if not (args.retry_errors and "error" in x) and is_current(x)}
     unroll = None if args.scan_unroll < 0 else args.scan_unroll
     for name in args.rows:
         for fit in [None] + args.fit_with:

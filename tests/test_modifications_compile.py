@@ -147,3 +147,18 @@ def test_a_stage_that_does_not_fit_is_costed_as_its_fitting_variant(capsys):
                                                       fitted_with=accum,
                                                       plan_peak_gib_per_chip=33.2)], TOPO)
     assert "| no (33.20); with train.grad_accum_steps=2 | 18.00 |" in md
+
+
+def test_a_line_compiled_before_its_rows_plan_changed_is_not_the_same_step():
+    """bench/modifications_compile.py recompiles and the render leaves out a row whose plan
+    changed since its line was written: a model or optimizer change counts, what the compiled
+    step does not read (evaluation cadence, steps) does not."""
+    cfg = _stages("rezero")["pretrain"].cfg
+    line = _line("rezero", "pretrain", 0.1)
+    assert estimation.same_step(line, cfg)
+    assert estimation.same_step(dict(line, overrides=line["overrides"] + [
+        "train.eval_every=5000", "train.steps=1000"]), cfg)
+    old = [o for o in line["overrides"] if o != "model.embed_like_classifier=True"]
+    assert len(old) == len(line["overrides"]) - 1
+    assert not estimation.same_step(dict(line, overrides=old), cfg)
+    assert not estimation.same_step({k: v for k, v in line.items() if k != "overrides"}, cfg)

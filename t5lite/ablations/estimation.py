@@ -43,6 +43,16 @@ def step_key(cfg) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
+def same_step(line: dict, cfg) -> bool:
+    """A compile log's line (bench/modifications_compile.py: its stage's config name and
+    overrides) compiled the train step ``cfg`` plans (their step_key agree: a line written
+    before a row's plan changed does not)."""
+    from t5lite import config as config_lib
+    if "overrides" not in line:
+        return False
+    return step_key(config_lib.load_config(line["config"], line["overrides"])) == step_key(cfg)
+
+
 def compile_report(stage: Stage, topology: str, cache: dict) -> dict:
     """The AOT compile report of one stage's train step on ``topology`` (what `t5lite compile
     --json` prints), cached by step_key."""
