@@ -143,11 +143,12 @@ def render(lines: list, topology: str) -> None:
     total and named; nothing is compiled here). Lines of a plan that has changed since are
     left out and named."""
     lines = [x for x in lines if x.get("scan_unroll", 0) == 1]  # the set compiled alike
-    stale = sorted({x["row"] for x in lines if not is_current(x)})
+    current = [x for x in lines if is_current(x)]
+    stale = sorted({x["row"] for x in lines} - {x["row"] for x in current})
     if stale:
         print(f"compiled before their plan changed (left out; compile them again): "
               f"{', '.join(stale)}\n")
-    lines = pretrain_columns.fitted_lines([x for x in lines if x["row"] not in stale])
+    lines = pretrain_columns.fitted_lines(current)
     print(pretrain_columns.compiled_table(TABLE, lines, topology) + "\n")
     estimation.estimate(TABLE, scale="paper", topology=topology, compiled=lines,
                         compile_missing=False)
