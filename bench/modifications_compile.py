@@ -117,10 +117,7 @@ def summary(r: dict) -> dict:
 
 
 def read_lines(path: str) -> list:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(s) for s in f if s.strip()]
+    return pretrain_columns.read_compile_log(path) if os.path.exists(path) else []
 
 
 def key(line: dict) -> tuple:

@@ -162,3 +162,30 @@ def test_a_line_compiled_before_its_rows_plan_changed_is_not_the_same_step():
     assert len(old) == len(line["overrides"]) - 1
     assert not estimation.same_step(dict(line, overrides=old), cfg)
     assert not estimation.same_step({k: v for k, v in line.items() if k != "overrides"}, cfg)
+
+
+def test_ablate_estimate_reads_compiled_stages_from_a_file(tmp_path, capsys):
+    """`t5lite ablate --estimate --topology --compiled FILE`: the file's stages are not
+    compiled again (a stage that did not fit as planned is costed as its fitting variant; a
+    line cut short by a killed run is skipped); --compiled without --topology is refused."""
+    import json
+
+    from t5lite.cli import main as cli
+    plan = _line("vanilla", "finetune_xsum", 0.5, fits=False, peak_gib_per_chip=33.2,
+                 expected_step_seconds=None, roofline_step_seconds=None)
+    variant = dict(_line("vanilla", "finetune_xsum", 0.5, peak_gib_per_chip=18.0),
+                   extra=["train.grad_accum_steps=2"])
+    lines = [x for x in _compiled() if x["stage"] != "finetune_xsum"] + [plan, variant]
+    log = tmp_path / "compiled.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"row": "vani')
+    assert cli.main(["ablate", "--table", "modifications", "--estimate", "--topology", TOPO,
+                     "--rows", "vanilla", "--compiled", str(log)]) == 0
+    stages, steps = _stages("vanilla"), _steps()
+    hours = 4 * sum((st.cfg.train.steps - st.start) * steps[name]
+                    for name, st in stages.items()) / 3600
+    out = capsys.readouterr().out
+    assert [x for x in out.splitlines() if x.startswith("vanilla | ")][0].endswith(
+        f"| {hours:,.1f}")
+    assert cli.main(["ablate", "--table", "modifications", "--estimate", "--compiled",
+                     str(log)]) == 2
+    assert "add --topology" in capsys.readouterr().err

@@ -4,10 +4,12 @@ run's own metrics.jsonl, so they sit beside the paper's in the rendered table.""
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Optional, Sequence
 
 from t5lite.ablations.plan import Stage
+from t5lite.errors import UserError
 
 # the paper's early loss: at 65,536 of 524,288 steps
 EARLY_FRACTION = 65536 / 524288
@@ -40,6 +42,23 @@ def pretraining_metrics(pre: Stage) -> dict:
     rates = [r["steps_per_s"] for r in train[1:] if "steps_per_s" in r]
     if rates:
         out["pretrain/steps_per_s"] = float(statistics.median(rates))
+    return out
+
+
+def read_compile_log(path: str) -> list:
+    """The JSON lines of a compile log (bench/modifications_compile.py writes them; local or
+    gs://); a line cut short by a killed run is skipped."""
+    from etils import epath
+    p = epath.Path(path)
+    if not p.exists():
+        raise UserError(f"--compiled {path}: no such file (bench/modifications_compile.py "
+                        "writes one, e.g. bench/modifications_compile.jsonl).")
+    out = []
+    for text in p.read_text().splitlines():
+        try:
+            out.append(json.loads(text))
+        except ValueError:
+            continue
     return out
 
 

@@ -63,7 +63,7 @@ def ablate_command(table: Optional[str], workdir: Optional[str], rows: Sequence[
                    tasks: Sequence[str] = (), scale: Optional[str] = None,
                    overrides: Sequence[str] = (), seeds: int = 1, dry_run: bool = False,
                    list_tables: bool = False, estimate: bool = False,
-                   topology: str = "") -> None:
+                   topology: str = "", compiled: str = "") -> None:
     """`t5lite ablate`: list the tables, estimate a table's cost, or run its rows (scale
     default: paper for an estimate, tiny for a run)."""
     from t5lite import ablations
@@ -73,9 +73,15 @@ def ablate_command(table: Optional[str], workdir: Optional[str], rows: Sequence[
     if not table or not (workdir or estimate or topology):
         raise UserError("`t5lite ablate` needs --table NAME and --workdir DIR (or --list, or "
                         "--estimate).")
+    if compiled and not topology:
+        raise UserError("--compiled FILE gives compiled steps to --topology's TPU-hours: add "
+                        "--topology (the slice the file's lines were compiled for).")
     if estimate or topology:
+        from t5lite.ablations import pretrain_columns
+        lines = pretrain_columns.read_compile_log(compiled) if compiled else []
         ablations.estimate(table, rows=rows, tasks=tasks, scale=scale or "paper",
-                           overrides=overrides, seeds=seeds, topology=topology)
+                           overrides=overrides, seeds=seeds, topology=topology,
+                           compiled=pretrain_columns.fitted_lines(lines))
         return
     ablations.run(table, workdir, rows=rows, tasks=tasks, scale=scale or "tiny",
                   overrides=overrides, dry_run=dry_run, seeds=seeds)

@@ -164,7 +164,7 @@ def cmd_ablate(args):
                             tasks=_names(args.tasks), scale=args.scale,
                             overrides=args.set or [], seeds=args.seeds, dry_run=args.dry_run,
                             list_tables=args.list, estimate=args.estimate,
-                            topology=args.topology or "")
+                            topology=args.topology or "", compiled=args.compiled or "")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -412,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print each row's training steps and tokens, train nothing")
     sp.add_argument("--topology", help="with --estimate: also TPU-hours per row from "
                     "`t5lite compile` on this slice, e.g. v5p-32")
+    sp.add_argument("--compiled", metavar="FILE", help="with --topology: stages compiled "
+                    "earlier (JSON lines as bench/modifications_compile.jsonl) are read from "
+                    "FILE instead of compiled again; lines of another plan or slice are unused")
     sp.set_defaults(fn=cmd_ablate)
     return p
 
