@@ -360,6 +360,9 @@ def test_paper_scale_is_the_papers_setting():
     assert (m.d_model, m.d_ff, m.num_heads, m.num_encoder_layers, m.ffn, m.norm, m.position,
             m.tie_embeddings, m.tie_encoder_decoder_embeddings) == (
         768, 3072, 12, 12, "relu", "layernorm", "relative", True, True)
+    # vanilla_transformer.gin: DenseReluDense.use_bias = True (the FFN only); fixup.gin's
+    # DenseReluDenseFixup.use_bias = False
+    assert m.ffn_bias and not m.use_bias and not _paper_scale_cfg(TABLE.row("fixup")).ffn_bias
     assert pre.cfg.train.steps == 2 ** 19 and pre.cfg.data.batch_size == 128
     assert pre.cfg.data.mixture_or_task == "c4_span_corruption"
     sglue, _, _, wmt = fts  # SuperGLUE, XSum, WebQuestions (tests/test_xsum_webq.py), WMT

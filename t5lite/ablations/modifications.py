@@ -117,11 +117,12 @@ EARLY_LOSS_STD = {
 
 # The vanilla Transformer at any scale: the scale's sizes with T5 1.0's d_ff = 4 d_model and
 # ReLU, LayerNorm before each sub-layer, shared relative attention bias, all three embeddings
-# tied (the tied softmax rescaled by d_model**-0.5 as T5 1.0). The T5 paper's tables use
-# RMSNorm; this baseline does not (vanilla_transformer.gin).
+# tied (the tied softmax rescaled by d_model**-0.5 as T5 1.0), biases in the FFN's dense
+# layers (DenseReluDense.use_bias = True). The T5 paper's tables use RMSNorm and no biases;
+# this baseline does not (vanilla_transformer.gin).
 VANILLA = ("model.ffn=relu", "model.d_ff:=4 * cfg.model.d_model", "model.norm=layernorm",
            "model.pre_norm=True", "model.position=relative", "model.tie_embeddings=True",
-           "model.scale_tied_logits=True", "model.embed_dim=0")
+           "model.scale_tied_logits=True", "model.embed_dim=0", "model.ffn_bias=True")
 PRETRAIN = ("data.mixture_or_task=corpus_span_corruption",
             "data.feature_lengths.targets:=span_targets(L, 0.15, 3)",
             "model.dropout_rate=0.0",  # "We do not use any regularization during pre-training"
@@ -234,7 +235,9 @@ ROWS = (
     _row("rezero_rms_norm", "Rezero + RMS Norm",
          ("model.norm=rmsnorm", "model.rezero=True") + ADAM_MODEL, ADAM, ADAM_FINETUNE),
     _row("fixup", "Fixup",
-         ("model.norm=none", "model.fixup=True", "model.dtype=float32") + ADAM_MODEL, ADAM,
+         # fixup.gin: DenseReluDenseFixup.use_bias = False
+         ("model.norm=none", "model.fixup=True", "model.dtype=float32", "model.ffn_bias=False")
+         + ADAM_MODEL, ADAM,
          ADAM_FINETUNE),
     # depth at equal parameters
     _row("depth24", "24 layers, d_ff = 1536, H = 6", _depth(24, 1536, 6)),

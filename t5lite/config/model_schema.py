@@ -89,6 +89,9 @@ class ModelConfig(Section):
     relative_max_distance: int = setting(128, bounds=(1, None))
     tie_embeddings: bool = True  # output projection = input embedding transposed
     use_bias: bool = False  # biases in dense layers (BERT, GPT-2)
+    # biases in the FFN's dense layers only (Mesh TF's DenseReluDense.use_bias, which Narang et
+    # al.'s vanilla Transformer sets); use_bias puts them in every dense layer
+    ffn_bias: bool = False
     # BERT segment (token type) embeddings
     num_token_types: int = setting(0, bounds=(0, None))
     nsp_head: bool = False  # BERT next-sentence prediction head (implies pooler)

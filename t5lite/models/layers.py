@@ -360,7 +360,7 @@ class MLP(nn.Module):
         dtype = compute_dtype(cfg)
         act = ACTIVATIONS[cfg.ffn]
         rules = cfg.gradient_rules
-        shared = dict(use_bias=cfg.use_bias, dtype=dtype,
+        shared = dict(use_bias=cfg.use_bias or cfg.ffn_bias, dtype=dtype,
                       init=kernel_init(cfg, cfg.ffn_init_scale), gradient_rules=rules)
 
         def wi(name):

@@ -57,7 +57,7 @@ class BranchedOutput(nn.Module):
         dtype = L.compute_dtype(self.cfg)
         kernel = self._kernel(f"{name}_kernel", shape, axes, shape[0])
         y = jnp.einsum("...i,io->...o", x.astype(dtype), kernel.astype(dtype))
-        if self.cfg.use_bias:
+        if self.cfg.use_bias or self.cfg.ffn_bias:  # its FFN is Mesh TF's DenseReluDense
             y = y + self.param(f"{name}_bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, axes[1:]), shape[1:], jnp.float32).astype(dtype)
         return y
