@@ -203,7 +203,7 @@ LENGTH_BOUND = ("data.batch_size:=cfg.data.batch_size * L // min(L, cfg.model.ma
 # are the reference code's, not the paper's Params column: a layer has q, kv (the values), o
 # and pi [64, 512] (dense), q, k, v, o and pi (dense plus), kv, o and R1, R2 [16, 12, 512]
 # (factorized), kv, o and R [512, 12, 512] (random) or q, k, v, o and R (random plus), against
-# the vanilla's q, k, v, o: 209.6, 223.7, 199.4, 270.1 and 298.4M (the alpha forms one scalar
+# the vanilla's q, k, v, o: 209.7, 223.8, 199.5, 270.2 and 298.5M (the alpha forms one scalar
 # a layer more) where the paper prints 224, 243, 207, 254 and 292. No consistent layer set or
 # unused projection explains the paper's: its dense row (fewer weights a layer than the
 # vanilla's) is above the vanilla's 223M.
