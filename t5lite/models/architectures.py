@@ -89,10 +89,9 @@ def token_embedder(cfg):
     if vocab_layer_kind(cfg):  # adaptive input / adaptive softmax / mixture of softmaxes
         return make_vocab_layer(cfg)
     width = cfg.embed_dim or cfg.d_model
-    if cfg.embed_like_classifier:  # Stack.embed multiplies the lookup by sqrt(width)
-        return L.Embed(cfg.vocab_size, width, ("vocab", "embed"), L.compute_dtype(cfg),
-                       nn.initializers.normal(width ** -0.5), cfg.gradient_rules)
-    return L.make_embed(cfg, cfg.vocab_size, width, ("vocab", "embed"))
+    # embed_like_classifier: Stack.embed multiplies the lookup by sqrt(width)
+    init = nn.initializers.normal(width ** -0.5) if cfg.embed_like_classifier else None
+    return L.make_embed(cfg, cfg.vocab_size, width, ("vocab", "embed"), init)
 
 
 def head_dense(cfg, features: int, axes):

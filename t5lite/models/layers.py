@@ -165,9 +165,10 @@ def make_norm(cfg, name: Optional[str] = None) -> Norm:
                 gradient_rules=cfg.gradient_rules, name=name)
 
 
-def make_embed(cfg, num_embeddings: int, features: int, axes: Axes) -> Embed:
-    """An embedding table with the model's dtype, init and gradient rules."""
-    return Embed(num_embeddings, features, axes, compute_dtype(cfg), embed_init(cfg),
+def make_embed(cfg, num_embeddings: int, features: int, axes: Axes,
+               init: Optional[Callable] = None) -> Embed:
+    """An embedding table with the model's dtype, init (unless ``init``) and gradient rules."""
+    return Embed(num_embeddings, features, axes, compute_dtype(cfg), init or embed_init(cfg),
                  cfg.gradient_rules)
 
 

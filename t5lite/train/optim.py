@@ -33,15 +33,16 @@ def make_schedule(opt_cfg, total_steps: int):
     floor = peak * opt_cfg.min_lr_ratio
     decay_steps = max(total_steps - warmup, 1)
 
+    if opt_cfg.ramp_steps and opt_cfg.schedule != "rsqrt":
+        raise UserError("optim.ramp_steps ramps the rsqrt schedule: set optim.schedule="
+                        "rsqrt, or optim.ramp_steps=0 (the other schedules warm up "
+                        "linearly over optim.warmup_steps).")
+
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
         if opt_cfg.schedule == "rsqrt":
             ramp = jnp.minimum(1.0, step / opt_cfg.ramp_steps) if opt_cfg.ramp_steps else 1.0
             return ramp * peak * jnp.sqrt(max(warmup, 1) / jnp.maximum(step, max(warmup, 1)))
-        if opt_cfg.ramp_steps:
-            raise UserError("optim.ramp_steps ramps the rsqrt schedule: set optim.schedule="
-                            "rsqrt, or optim.ramp_steps=0 (the other schedules warm up "
-                            "linearly over optim.warmup_steps).")
         ramp = jnp.minimum(1.0, (step + 1.0) / warmup) if warmup else 1.0
         progress = jnp.clip((step - warmup) / decay_steps, 0.0, 1.0)
         if opt_cfg.schedule == "constant":
