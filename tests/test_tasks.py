@@ -209,9 +209,10 @@ def test_user_example_task(data_dir, tmp_path, monkeypatch):
     assert 0.7 < ratio < 1.3
 
 
-def test_task_modules_from_config(tmp_path, monkeypatch):
+def test_task_modules_from_config(data_dir, tmp_path, monkeypatch):
     """data.task_modules: a user's registering module, by path or by name from the current
     directory, imported once (a second import would re-register and fail in seqio)."""
+    (tmp_path / "c.txt").write_text("a line of text\n" * 4)  # read by the pre-flight
     from t5lite import config as config_lib
     from t5lite.errors import UserError
     from t5lite.tasks import pipeline
@@ -220,7 +221,8 @@ def test_task_modules_from_config(tmp_path, monkeypatch):
         (tmp_path / f"{name}_tasks.py").write_text(
             "import seqio\nfrom t5lite.tasks import registry, vocabularies\n"
             f"registry.register_pretraining_task('{name}_lm_task', 'lm', "
-            f"source=seqio.TextLineDataSource({{'train': '{tmp_path}/c.txt'}}))\n")
+            f"source=seqio.TextLineDataSource({{'train': '{tmp_path}/c.txt', "
+            f"'validation': '{tmp_path}/c.txt'}}))\n")
     monkeypatch.chdir(tmp_path)
     for modules, task in (((str(tmp_path / "by_path_tasks.py"),), "by_path_lm_task"),
                           (("by_name_tasks",), "by_name_lm_task")):

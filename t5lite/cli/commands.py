@@ -146,6 +146,8 @@ def eval_command(checkpoint: str, task: str, split: str = "validation", max_exam
     """`t5lite eval`: print a table of the task's metrics for the checkpoint."""
     from t5lite.eval import evaluation
     cfg, model, params = evaluation.load(checkpoint, overrides)
+    from t5lite.tasks import preflight
+    preflight.check_task(task, split, cfg.data.feature_lengths)  # the user's files, lines
     t0 = time.time()
     metrics = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split,
                                   max_examples=max_examples)
@@ -251,12 +253,11 @@ def _check_output(path: str) -> None:
 
 
 def _check_prefix(cfg, lines: Sequence[str], prefix: str, mode: str) -> None:
-    """Warn when the checkpoint's finetuning task has a known text-to-text prefix that neither
-    --prefix nor the input lines carry: the model never saw inputs without it."""
-    from t5lite.tasks import registry
-    task = cfg.data.mixture_or_task
-    known = next((p for name, (p, _, _) in registry.FINETUNE.items()
-                  if task in {name + sfx for sfx in registry.VOCAB_SUFFIX.values()}), None)
+    """Warn when the checkpoint's task has a text-to-text prefix (its registry.add_prefix
+    step, built-in or the user's) that neither --prefix nor the input lines carry: the model
+    never saw inputs without it."""
+    from t5lite.tasks import preflight
+    known = preflight.text_prefix(cfg.data.mixture_or_task)
     if not known or prefix.strip():
         return
     inputs = [x.split("\t", 1)[0] for x in lines] if mode == "score" else lines

@@ -26,12 +26,14 @@ def models_table(names=()) -> str:
     return param_count_table(list(names) or None)
 
 
-def tasks_table(pattern: str = "", width: Optional[int] = None) -> str:
+def tasks_table(pattern: str = "", width: Optional[int] = None, task_modules=()) -> str:
     """task_catalog.rows() with a `data` column: ready, or the datasets to prepare.
 
     ``pattern``: only the names that contain it, or match it as a glob (``paper_*``).
     ``width``: fold the table into this many columns (a terminal's): a mixture's members
-    become their count and the first names, long cells end in "…"; None prints every cell."""
+    become their count and the first names, long cells end in "…"; None prints every cell.
+    ``task_modules``: also the tasks these modules register (data.task_modules entries;
+    imports seqio and TensorFlow), whose data cell says whether their files exist."""
     from t5lite import dataprep, task_catalog
     status = {}
 
@@ -44,10 +46,16 @@ def tasks_table(pattern: str = "", width: Optional[int] = None) -> str:
                 missing.append(n)
         return "ready" if not missing else "prepare " + ",".join(missing)
 
-    rows = _matching(task_catalog.rows(), pattern)
+    user = {}
+    if task_modules:
+        from t5lite.tasks import registered, user_modules
+        user_modules.import_modules(task_modules)
+        user = registered.user_rows()
+    rows = _matching(task_catalog.rows() + [row for row, _ in user.values()], pattern)
     table = [["name", "kind", "features", "vocabulary", "metrics/members", "data"]]
     for r in rows:
-        cells = r.cells() + [data(r.needs) if r.needs else "-"]
+        cells = r.cells() + [user[r.name][1] if r.name in user
+                             else data(r.needs) if r.needs else "-"]
         if width is not None and r.members:
             cells[4] = f"{len(r.members)}: " + ", ".join(r.members)
         table.append(cells)

@@ -110,12 +110,15 @@ def cmd_tasks(args):
         # which a script reads, or --wide gets every cell
         width = (None if args.wide or not sys.stdout.isatty()
                  else shutil.get_terminal_size().columns)
-        print(listings.tasks_table(args.name or "", width=width))
+        print(listings.tasks_table(args.name or "", width=width,
+                                   task_modules=args.task_module or ()))
     else:
         if not args.name:
             raise UserError("`t5lite tasks show` needs a task or mixture name; "
                             "see `t5lite tasks list`.")
-        from t5lite.tasks import registered
+        from t5lite.tasks import pipeline, preflight, registered
+        pipeline.import_task_modules(args.task_module or ())
+        preflight.check_task(args.name, args.split, registered.DEFAULT_LENGTHS)
         print(registered.show_task(args.name, split=args.split, num_examples=args.num_examples))
 
 
@@ -323,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--wide", action="store_true",
                     help="list: every cell in full (a terminal otherwise gets the table folded "
                     "to its width)")
+    sp.add_argument("--task-module", action="append", metavar="PATH_OR_NAME",
+                    help="a module of yours that registers tasks, as data.task_modules: a .py "
+                    "path or a module name importable from the current directory (repeatable)")
     sp.set_defaults(fn=cmd_tasks)
 
     from t5lite.cli import listings
@@ -431,7 +437,8 @@ def main(argv=None) -> int:
     # config error shows in a second
     light = (args.fn in (cmd_models, cmd_convert, cmd_plot, cmd_compile, cmd_train, cmd_eval,
                          cmd_infer)
-             or (args.fn is cmd_tasks and args.action == "list"))  # task_catalog: no seqio
+             # task_catalog: no seqio (a user's task module needs it)
+             or (args.fn is cmd_tasks and args.action == "list" and not args.task_module))
     if not light:  # the others read data through seqio / TF
         _import_tensorflow_quietly()
     try:

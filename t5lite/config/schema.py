@@ -43,6 +43,10 @@ class DataConfig(Section):
     # by eval / infer, from the saved config): "my_tasks" (importable from the current
     # directory) or a path "path/to/my_tasks.py"
     task_modules: tuple = ()
+    # written by `t5lite train`, not by hand: per task_modules entry "sha256:HEX /abs/path",
+    # the file it was imported from, so eval / infer import that file from any directory and
+    # warn when it changed (tasks/user_modules.py); unused when the counts differ
+    task_module_files: tuple = ()
     # training data is read as this many seqio shards (tasks/pipeline.py ShardedBatches), so a
     # run can resume on any process count that divides it or that it divides; 0 = the process
     # count of the run that started the workdir. Set it to the largest slice you may grow to.

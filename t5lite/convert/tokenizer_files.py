@@ -121,7 +121,7 @@ def _seqio_vocabulary(cfg) -> Optional[Vocab]:
 
     from t5lite.tasks import pipeline, vocabularies
     dataprep.use_data_dir(cfg.data.data_dir)
-    pipeline.import_task_modules(cfg.data.task_modules)
+    pipeline.import_task_modules(cfg.data.task_modules, cfg.data.task_module_files)
     task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
     vocab = task.output_features["targets"].vocabulary
     name = cfg.data.mixture_or_task

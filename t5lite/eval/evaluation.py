@@ -399,7 +399,7 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     dataprep.use_data_dir(cfg.data.data_dir)
     from t5lite.tasks import pipeline, tfds_dir
     tfds_dir.use_tfds_data_dir(cfg.data.tfds_data_dir)
-    pipeline.import_task_modules(cfg.data.task_modules)
+    pipeline.import_task_modules(cfg.data.task_modules, cfg.data.task_module_files)
     return cfg, peft.build_model(cfg.model), params
 
 

@@ -322,7 +322,8 @@ def check_writable_dir(workdir: str) -> None:
 # between the runs of one workdir (resuming on another slice is the point of mesh changes).
 PLACEMENT_KEYS = ("name", "mesh.", "checkpoint.async_save", "checkpoint.init_from",
                   "checkpoint.init_step", "checkpoint.lock_lease_seconds", "train.peak_flops",
-                  "train.prepare_data", "data.data_dir", "data.task_modules", "model.remat",
+                  "train.prepare_data", "data.data_dir", "data.task_modules",
+                  "data.task_module_files", "model.remat",
                   "model.scan_unroll", "train.profile_steps", "train.wandb_project",
                   "train.wandb_entity", "train.wandb_mode")
 # Keys that change when or how much is trained / logged / evaluated, or how the optimizer

@@ -99,9 +99,19 @@ def wsc_simple(output, example=None, is_target=False):
     return int(p <= r or r <= p)
 
 
+def gives(*keys):
+    """Marks a metric function with the names of the values it returns, so they are known
+    before anything is evaluated (eval.best_metric is TASK/one of them)."""
+    def mark(fn):
+        fn.metric_keys = keys
+        return fn
+    return mark
+
+
 # ----------------------------------------------------------------------------- classification
 
 
+@gives('accuracy')
 def accuracy(targets, predictions) -> dict:
     return {"accuracy": 100.0 * sklearn.metrics.accuracy_score(targets, predictions)
             if len(targets) else 0.0}
@@ -116,38 +126,45 @@ def _invalid_as_wrong(targets, predictions) -> tuple:
     return t, p
 
 
+@gives('f1')
 def f1_binary(targets, predictions) -> dict:
     """F1 of the positive class (MRPC, QQP), an invalid prediction counting as wrong."""
     t, p = _invalid_as_wrong(targets, predictions)
     return {"f1": 100.0 * sklearn.metrics.f1_score(t, p, zero_division=0.0)}
 
 
+@gives('mean_3class_f1')
 def mean_3class_f1(targets, predictions) -> dict:
     """CB: the unweighted mean of the F1 of each of the three classes, absent ones too."""
     return {"mean_3class_f1": 100.0 * sklearn.metrics.f1_score(
         targets, predictions, labels=[0, 1, 2], average="macro", zero_division=0.0)}
 
 
+@gives('matthews_corrcoef')
 def matthews_corrcoef(targets, predictions) -> dict:
     """Matthews correlation (CoLA); 0 when undefined (one class only)."""
     return {"matthews_corrcoef": 100.0 * sklearn.metrics.matthews_corrcoef(targets, predictions)}
 
 
+@gives('pearson_corrcoef')
 def pearson_corrcoef(targets, predictions) -> dict:
     return {"pearson_corrcoef": 100.0 * float(scipy.stats.pearsonr(targets, predictions)[0])}
 
 
+@gives('spearman_corrcoef')
 def spearman_corrcoef(targets, predictions) -> dict:
     return {"spearman_corrcoef":
             100.0 * float(scipy.stats.spearmanr(targets, predictions)[0])}
 
 
+@gives('f1a')
 def multirc_f1a(targets, predictions) -> dict:
     """MultiRC F1a: F1 over all answer options (each (question, answer) example)."""
     return {"f1a": f1_binary([t["value"] for t in targets],
                              [p["value"] for p in predictions])["f1"]}
 
 
+@gives('em')
 def multirc_em(targets, predictions) -> dict:
     """MultiRC EM: per question, 1 if every one of its answer options is labelled right;
     averaged over questions (T5's mean_group_metric(all_match))."""
@@ -178,6 +195,7 @@ def _squad_f1(prediction: str, truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+@gives('em', 'f1')
 def squad(targets: Sequence, predictions: Sequence[str]) -> dict:
     """Exact match and token F1, each the max over an example's reference answers."""
     em, f1 = [], []
@@ -188,6 +206,7 @@ def squad(targets: Sequence, predictions: Sequence[str]) -> dict:
     return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1))}
 
 
+@gives('em', 'f1')
 def record_squad(targets, predictions) -> dict:
     """ReCoRD: SQuAD's EM and F1 (max over a query's answers), each query counted once: the
     first of its examples (one per answer) stands for it, as T5's deduplicate_metric."""
@@ -203,6 +222,7 @@ def record_squad(targets, predictions) -> dict:
 # ----------------------------------------------------------------------------- generation
 
 
+@gives('bleu')
 def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict:
     """Corpus BLEU as T5 reports it: sacrebleu with the "intl" tokenizer (exp smoothing,
     no lowercasing), not sacrebleu's default 13a."""
@@ -217,6 +237,7 @@ def _summary_lines(text) -> str:
     return _text(text).replace(" . ", " .\n")
 
 
+@gives('rouge1', 'rouge2', 'rougeL', 'rougeLsum')
 def rouge(targets: Sequence[str], predictions: Sequence[str],
           types=("rouge1", "rouge2", "rougeL", "rougeLsum")) -> dict:
     """Mean ROUGE F-measure x100 as T5 scores summaries (t5.evaluation.metrics.rouge):
@@ -230,6 +251,7 @@ def rouge(targets: Sequence[str], predictions: Sequence[str],
     return {k: 100.0 * float(np.mean([s[k].fmeasure for s in scores])) for k in types}
 
 
+@gives('sequence_accuracy')
 def sequence_accuracy(targets, predictions) -> dict:
     """Exact string match (after stripping), for free-form short answers."""
     return {"sequence_accuracy": 100.0 * float(np.mean(
@@ -239,3 +261,16 @@ def sequence_accuracy(targets, predictions) -> dict:
 def by_name(names: Sequence[str]) -> list:
     """The metric functions of this module named ``names`` (as task_catalog lists them)."""
     return [globals()[name] for name in names]
+
+
+def metric_functions() -> dict:
+    """{name: function} of every metric function here (the ones a task's metric_fns take)."""
+    return {name: fn for name, fn in globals().items()
+            if callable(fn) and hasattr(fn, "metric_keys")}
+
+
+def describe() -> str:
+    """The metric functions and the values each gives, for messages: "accuracy (accuracy),
+    sequence_accuracy (sequence_accuracy: exact match), ..."."""
+    return ", ".join(f"{name} ({', '.join(fn.metric_keys)})"
+                     for name, fn in metric_functions().items())

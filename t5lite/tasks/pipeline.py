@@ -2,36 +2,24 @@
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from typing import Mapping, Optional
 
 import seqio
 import tensorflow as tf
 
 from t5lite import dataprep
-from t5lite.config import python_files
 from t5lite.errors import UserError
 from t5lite.tasks import cache, converters
 from t5lite.tasks.lookup import get_mixture_or_task  # noqa: F401  (pipeline.get_mixture_or_task)
 
 
-def import_task_modules(modules) -> None:
-    """Import the user's task-registering modules (data.task_modules) once each."""
-    for name in modules:
-        try:
-            if name.endswith(".py"):
-                python_files.load(os.path.abspath(name), "t5lite_user_tasks_"
-                                  + os.path.splitext(os.path.basename(name))[0], keep=True)
-            else:
-                if os.getcwd() not in sys.path:
-                    sys.path.insert(0, os.getcwd())
-                importlib.import_module(name)
-        except (ImportError, FileNotFoundError) as e:
-            raise UserError(f"data.task_modules: cannot import {name!r} ({e}). Give a module "
-                            "importable from the current directory or a path to a .py "
-                            "file.") from None
+def import_task_modules(modules, saved=()) -> tuple:
+    """Import the user's task-registering modules (data.task_modules) once each; ``saved``:
+    the run's data.task_module_files, to import the files it was trained with. -> their
+    records (user_modules.import_modules)."""
+    from t5lite.tasks import user_modules
+    return user_modules.import_modules(modules, saved)
 
 
 def task_features(provider) -> list[str]:

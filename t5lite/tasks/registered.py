@@ -111,3 +111,30 @@ def show_task(name: str, split: str = "train", num_examples: int = 3,
                     text = text.decode("utf-8", "replace")
                 out.append(f"{key}: {text}")
     return "\n".join(out)
+
+
+def user_rows() -> dict:
+    """{name: (task_catalog.Row, data cell)} of each task and mixture the user's task modules
+    registered (tasks/user_modules.py), for `t5lite tasks list --task-module`. The data cell
+    is "ready" when every file pattern of every split matches a file, else the first that
+    does not."""
+    from t5lite import task_catalog
+    from t5lite.tasks import preflight, user_modules
+    out = {}
+    for name in sorted(user_modules.REGISTERED_BY):
+        provider = pipeline.get_mixture_or_task(name)
+        tasks = seqio.get_subtasks(provider)
+        missing = [p for t in tasks for p in preflight.missing_files(t, t.splits)]
+        data = "ready" if not missing else f"missing {missing[0]}"
+        if isinstance(provider, seqio.Mixture):
+            row = task_catalog.Row(name, "mixture", tuple(sorted(tasks[0].output_features)),
+                                   "", members=tuple(sorted(t.name for t in tasks)))
+        else:
+            feats = provider.output_features
+            vocab = (feats.get("inputs") or feats.get("targets")).vocabulary
+            metric_names = tuple(getattr(f, "__name__", "fn") for f in provider.metric_fns)
+            row = task_catalog.Row(name, "task", tuple(sorted(feats)), _vocab_name(vocab),
+                                   metric_names)
+        out[name] = (row, data)
+    return out
+

@@ -12,6 +12,7 @@ pretraining objective's preprocessors (its feature layout is in task_catalog.OBJ
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Callable, Mapping, Optional, Sequence, Union
 
@@ -82,11 +83,54 @@ def line_to_text(line):
 
 
 def parse_tsv(dataset, field_names=("inputs", "targets")):
-    """``input\\ttarget`` lines (the prepared finetuning files) -> a dict of strings."""
+    """``input\\ttarget`` lines (the prepared finetuning files) -> a dict of strings named
+    ``field_names`` (one per tab-separated column: inputs, targets unless given)."""
     def parse(line):
         fields = tf.io.decode_csv(line, record_defaults=[""] * len(field_names),
                                   field_delim="\t", use_quote_delim=False)
         return dict(zip(field_names, fields))
+    return dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def jsonl_problem(line: bytes, keys: Sequence[str]) -> str:
+    """Why parse_jsonl cannot read this line ("" when it can)."""
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        return f"is not JSON ({getattr(e, 'msg', e)})"
+    if not isinstance(obj, dict):
+        return "is not a JSON object"
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        return f"has no key {', '.join(map(repr, missing))} (it has {', '.join(obj) or 'none'})"
+    bad = [k for k in keys if not isinstance(obj[k], (str, int, float, bool))]
+    if bad:
+        return f"holds no text or number under {', '.join(map(repr, bad))}"
+    return ""
+
+
+def _jsonl_fields(line, keys):
+    """A JSONL line -> the text of each key (a number or true / false as JSON writes it)."""
+    why = jsonl_problem(line, keys)
+    if why:
+        raise ValueError(f"JSONL line {line[:200]!r} {why}")
+    obj = json.loads(line)
+    return [v if isinstance(v := obj[k], str) else json.dumps(v) for k in keys]
+
+
+def parse_jsonl(dataset, field_names=("inputs", "targets"), json_keys=None):
+    """JSON-lines (one object per line, e.g. {"inputs": "...", "targets": "..."}) -> a dict of
+    strings named ``field_names``, read from the keys ``json_keys`` (default: the same
+    names); a number or true / false becomes its JSON text. The JSONL twin of parse_tsv."""
+    keys = tuple(json_keys or field_names)
+    if len(keys) != len(field_names):
+        raise UserError(f"parse_jsonl: json_keys {keys} and field_names {tuple(field_names)} "
+                        "must have the same length (one JSON key per field).")
+
+    def parse(line):
+        fields = tf.numpy_function(lambda x: _jsonl_fields(x, keys), [line],
+                                   [tf.string] * len(keys), stateful=False)
+        return {name: tf.ensure_shape(f, []) for name, f in zip(field_names, fields)}
     return dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
 

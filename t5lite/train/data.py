@@ -12,17 +12,20 @@ from t5lite.errors import UserError
 from t5lite.train import partitioning
 
 
-def prepare_tasks(cfg) -> None:
+def prepare_tasks(cfg):
     """Point seqio at the data dir (preparing it if train.prepare_data asks), import the task
-    modules, and check the vocabulary fits the model."""
-    from t5lite import dataprep
+    modules, check the vocabulary fits the model, and check what the run will read of the
+    user's tasks (their files, lines, one example) and eval.best_metric, before anything is
+    compiled or written. -> cfg with data.task_module_files (the modules' files and hashes,
+    saved with the run so eval / infer import them from any directory)."""
+    from t5lite import config as config_lib, dataprep
     dataprep.use_data_dir(cfg.data.data_dir)
     if cfg.train.prepare_data:
         # every process (hosts may have local disks); a file lock serialises shared ones
         dataprep.ensure_prepared(cfg.train.prepare_data, cfg.data.data_dir)
     from t5lite.tasks import pipeline, tfds_dir
     tfds_dir.use_tfds_data_dir(cfg.data.tfds_data_dir)
-    pipeline.import_task_modules(cfg.data.task_modules)
+    files = pipeline.import_task_modules(cfg.data.task_modules)
     task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
     for name, feat in task.output_features.items():
         size = feat.vocabulary.vocab_size
@@ -31,6 +34,27 @@ def prepare_tasks(cfg) -> None:
                 f"model.vocab_size={cfg.model.vocab_size} is smaller than the {size} ids of "
                 f"task {cfg.data.mixture_or_task!r} (feature {name!r}). Set model.vocab_size "
                 f">= {size} (a multiple of 128 is fastest).")
+    check_run_data(cfg)
+    if files == tuple(cfg.data.task_module_files):
+        return cfg
+    return config_lib.replace(cfg, {"data.task_module_files": files})
+
+
+def check_run_data(cfg) -> None:
+    """tasks/preflight.py on every (task, split) the run reads: training, train.eval_steps'
+    batches and the seqio evaluation (whose eval.best_metric must be one of its metrics)."""
+    from t5lite.eval.evaluation import TrainEvaluator
+    from t5lite.tasks import preflight
+    d, lengths = cfg.data, dict(cfg.data.feature_lengths)
+    reads = [(d.mixture_or_task, d.train_split)]
+    if cfg.train.eval_steps > 0:
+        reads.append((d.mixture_or_task, d.eval_split))
+    eval_tasks = tuple(cfg.eval.tasks) or (d.mixture_or_task,)
+    if TrainEvaluator.wanted(cfg):
+        reads += [(t, cfg.eval.split) for t in eval_tasks]
+    for name, split in dict.fromkeys(reads):
+        preflight.check_task(name, split, lengths)
+    preflight.check_best_metric(cfg.eval.best_metric, eval_tasks, cfg.model.num_classes > 0)
 
 
 def train_iterator(cfg, workdir: str):

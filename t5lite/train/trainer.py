@@ -62,6 +62,8 @@ def train(cfg, workdir: str, train_iter: Iterator | None = None,
     writers.check_wandb(cfg.train)
     workdir = checkpointing.abspath(workdir)
     checkpointing.check_init_from(cfg.checkpoint, workdir)
+    if train_iter is None:  # the tasks, their data and eval.best_metric: before any write
+        cfg = prepare_tasks(cfg)
     writes = startup.StartupWrites(workdir)
     preemption = guards.Preemption()  # from here on SIGTERM saves instead of killing the run
     lock = None
@@ -98,9 +100,6 @@ def _set_aside_after(workdir: str, step: int) -> None:
 
 def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, rewrite,
                   preemption, started):
-    if train_iter is None:
-        prepare_tasks(cfg)
-
     model = peft.build_model(cfg.model)
     # PEFT / freezing (cfg.model.peft) or an explicit trainable_mask: frozen params get no
     # optimizer state; gradual unfreezing opens layers inside the jitted update
