@@ -7,7 +7,9 @@ import seqio
 
 from t5lite.tasks import metrics, registry, vocabularies
 
-DATA = os.environ.get("MY_DATA", "my_data")  # train.tsv / dev.tsv ("text\tlabel"), corpus.txt
+# train.tsv / dev.tsv ("text\tlabel"), corpus.txt; beside this file, so any directory works
+DATA = os.environ.get("MY_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                              "my_data"))
 vocab = vocabularies.get_vocabulary("t5lite_sp8k")
 
 seqio.TaskRegistry.add(  # text-to-text finetuning: "review: ..." -> good / bad
