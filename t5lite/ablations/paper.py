@@ -136,7 +136,10 @@ _T5_BASE = ("model.d_model=768", "model.num_heads=12", "model.head_dim=64", "mod
             "model.num_encoder_layers=12", "model.num_decoder_layers=12", "model.ffn=relu",
             "model.tie_embeddings=True", "model.scale_tied_logits=True",
             "model.dropout_rate=0.1", "model.dtype=bfloat16", "data.batch_size=128",
-            "model.vocab_size=32128")
+            "model.vocab_size=32128",
+            # Mesh TF's dropout masks (one per example and feature, shared along the length)
+            # and initializers (models/layers.py dropout, kernel_init, attention_init)
+            "model.dropout_broadcast=length", "model.initializers=mesh_tf")
 PAPER_PRETRAIN_STEPS = 2 ** 19  # 2^35 tokens: 524,288 steps x 128 x 512
 PAPER_FINETUNE_STEPS = 2 ** 18
 SCALES = {

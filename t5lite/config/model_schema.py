@@ -114,6 +114,13 @@ class ModelConfig(Section):
     # [B, N, V]. Masked tokens beyond N in a row go unscored ("mlm_dropped_fraction" metric).
     mlm_predict_fraction: float = 0.0
     dropout_rate: float = 0.1
+    # Dropout masks of the residual branches, the FFN hidden layer, the attention weights and
+    # the embeddings / stack output: "none" = one draw per element; "length" = one per example
+    # and feature, shared by every position (Mesh TF: transformer.py sublayer_dropout's
+    # noise_shape batch + d_model, transformer_layers.py DenseReluDense's h.shape - length;
+    # t5x's T5: nn.Dropout(broadcast_dims=(-2,))). The paper scale of the ablation tables sets
+    # "length"; the presets keep "none" so saved configs and resumed runs mean what they meant.
+    dropout_broadcast: str = setting("none", choices=("none", "length"))
     # Narang et al. 2021 architecture rows (issue 38). The FFN of chosen layers becomes a
     # mixture of experts (models/moe.py: "moe" GShard top-2, "switch" top-1) or a product key
     # memory ("pkm", models/pkm.py). Chosen: layers k, 2k, ... of each stack in
@@ -193,6 +200,15 @@ class ModelConfig(Section):
     embed_like_classifier: bool = False
     # 0 = T5X init (fan-in dense, N(0,1) embeddings); >0 = N(0, std)
     init_std: float = setting(0.0, bounds=(0.0, None))
+    # Whose fan-in initializers (with init_std 0; models/layers.py kernel_init, attention_init):
+    # "t5x" = Flax's truncated normal with its std corrected for the truncation; "mesh_tf" =
+    # the T5 paper's and Narang et al.'s code: dense kernels TF's truncated_normal(sqrt(scale /
+    # fan_in)), whose std the truncation shrinks by 0.88 (mesh_tensorflow/layers.py
+    # VarianceScalingInitializer), attention projections an untruncated normal of std
+    # fan_in^-1/2, the query's times head_dim^-1/2 (transformer/attention.py init_weights), and
+    # the product key memory's as memory_layers.py. Only initial values change. The paper
+    # scale of the ablation tables sets "mesh_tf".
+    initializers: str = setting("t5x", choices=("t5x", "mesh_tf"))
     rope_max_wavelength: float = setting(10000.0, bounds=(1e-9, None))
     # Narang et al. 2021 rows (issue 38). The self-attention sub-layer's token mixer:
     # dot-product attention, a Synthesizer (models/synthesizer.py; its logits cover at most

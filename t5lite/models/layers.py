@@ -35,11 +35,41 @@ def constrain(x, axes: Axes):
     return nn.with_logical_constraint(x, axes)
 
 
+# the std of a unit normal truncated to [-2, 2]: Flax divides a truncated normal's std by it,
+# TF's truncated_normal_initializer (Mesh TF's dense kernels) does not
+TRUNCATED_STD = 0.87962566103423978
+
+
 def kernel_init(cfg, scale: float = 1.0) -> Callable:
-    """T5X: truncated-normal fan-in init (times ``scale``); BERT/GPT-2: N(0, init_std)."""
+    """A dense kernel's init, variance ``scale`` / fan_in: T5X's truncated normal (its std
+    corrected for the truncation); with model.initializers="mesh_tf" Mesh TF's uncorrected one,
+    TF's truncated_normal(stddev=sqrt(scale / fan_in)) (mesh_tensorflow/layers.py
+    VarianceScalingInitializer.__call__, :342-362 at da907937): 0.88 times the spread.
+    BERT/GPT-2: N(0, init_std)."""
     if cfg.init_std > 0:
         return nn.initializers.normal(cfg.init_std)
+    if cfg.initializers == "mesh_tf":
+        scale = scale * TRUNCATED_STD ** 2
     return nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal")
+
+
+def attention_init(cfg, scale: float = 1.0) -> Callable:
+    """An attention projection's init: kernel_init's, or with model.initializers="mesh_tf"
+    Mesh TF's AttentionParams: an untruncated normal of variance ``scale`` / fan_in
+    (mesh_tensorflow/transformer/attention.py init_weights, :428-443 at da907937)."""
+    if cfg.init_std == 0 and cfg.initializers == "mesh_tf":
+        return nn.initializers.variance_scaling(scale, "fan_in", "normal")
+    return kernel_init(cfg, scale)
+
+
+def dropout(cfg, length_axis: int = -2) -> nn.Dropout:
+    """Dropout at model.dropout_rate; with model.dropout_broadcast="length" one mask per example
+    and feature, shared along ``length_axis`` (Mesh TF: transformer.py sublayer_dropout, :589-595,
+    noise_shape batch + d_model; transformer_layers.py DenseReluDense, :66-69, and the
+    attention weights, attention.py :1648, noise_shape without the length dim; t5x's T5:
+    broadcast_dims=(-2,))."""
+    dims = (length_axis,) if cfg.dropout_broadcast == "length" else ()
+    return nn.Dropout(cfg.dropout_rate, broadcast_dims=dims)
 
 
 def embed_init(cfg) -> Callable:
@@ -234,6 +264,16 @@ def _softmax_narrow_bwd(dtype, y, g):
 _softmax_narrow.defvjp(_softmax_narrow_fwd, _softmax_narrow_bwd)
 
 
+def query_init_scale(cfg) -> float:
+    """The query kernel's init variance scale: 1, or where T5 folds the logits' 1 / sqrt(head
+    dim) into that init, Mesh TF's std times head_dim^-1/2 (variance / head_dim;
+    attention.py :436-439) with "mesh_tf", and variance times head_dim^-1/2 with "t5x" (a
+    quarter power on the std: t5lite's own, kept so existing configs mean the same)."""
+    if cfg.scale_attn_logits or cfg.init_std > 0:
+        return 1.0
+    return cfg.head_dim ** (-1.0 if cfg.initializers == "mesh_tf" else -0.5)
+
+
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention; masks and position biases arrive as one additive bias.
 
@@ -264,12 +304,11 @@ class MultiHeadAttention(nn.Module):
         cfg = self.cfg
         dtype = compute_dtype(cfg)
         h, k = cfg.num_heads, cfg.head_dim
-        t5_query_scale = 1.0 if (cfg.scale_attn_logits or cfg.init_std > 0) else k ** -0.5
-        shared = dict(use_bias=cfg.use_bias, dtype=dtype, init=kernel_init(cfg),
+        shared = dict(use_bias=cfg.use_bias, dtype=dtype, init=attention_init(cfg),
                       flat_kernel=cfg.flat_kernels, gradient_rules=cfg.gradient_rules)
         projection = dict(shared, features=(h, k), kernel_axes=("embed", "heads", "kv"))
         q_BTHK = self.dense_layer("query", **dict(
-            projection, init=kernel_init(cfg, t5_query_scale)))(x_BTD)
+            projection, init=attention_init(cfg, query_init_scale(cfg))))(x_BTD)
         k_BSHK = self.dense_layer("key", **projection)(kv_BSD)
         v_BSHK = self.dense_layer("value", **projection)(kv_BSD)
         q_BTHK, k_BSHK, v_BSHK = (checkpoint_name(a, n) for a, n in zip(
@@ -290,8 +329,7 @@ class MultiHeadAttention(nn.Module):
         else:
             logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
             weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
-            weights_BHTS = nn.Dropout(cfg.dropout_rate)(weights_BHTS,
-                                                        deterministic=deterministic)
+            weights_BHTS = dropout(cfg)(weights_BHTS, deterministic=deterministic)
             out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
         out_BTD = checkpoint_name(self.combine_heads(out_BTHK, shared, deterministic),
                                   "out_proj")
@@ -375,7 +413,7 @@ class MLP(nn.Module):
             h_BLF = recompute_in_backward(act, rules)(wi("wi"))
         h_BLF = self.adapt_hidden(h_BLF)
         h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
-        h_BLF = nn.Dropout(cfg.dropout_rate)(h_BLF, deterministic=deterministic)
+        h_BLF = dropout(cfg)(h_BLF, deterministic=deterministic)
         out_BLD = self.dense_layer("wo", features=(cfg.d_model,), kernel_axes=("mlp", "embed"),
                                    **shared)(h_BLF)
         out_BLD = checkpoint_name(out_BLD, "mlpwo")

@@ -30,7 +30,7 @@ def sublayer(module: nn.Module, cfg, x_BLD, stem: str, fn, deterministic: bool):
     if cfg.fixup:
         h_BLD = h_BLD + _scalar(module, f"{stem}_fixup_bias_in", nn.initializers.zeros
                                 ).astype(h_BLD.dtype)
-    y_BLD = nn.Dropout(cfg.dropout_rate)(fn(h_BLD), deterministic=deterministic)
+    y_BLD = L.dropout(cfg)(fn(h_BLD), deterministic=deterministic)
     if cfg.fixup:
         y_BLD = y_BLD * _scalar(module, f"{stem}_fixup_scale", nn.initializers.ones
                                 ).astype(y_BLD.dtype)

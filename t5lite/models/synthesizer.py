@@ -45,15 +45,14 @@ class SynthesizerAttention(L.MultiHeadAttention):
         cfg = self.cfg
         mode = cfg.attention_type.removeprefix("synthesizer_")
         dtype = L.compute_dtype(cfg)
-        shared = dict(use_bias=cfg.use_bias, dtype=dtype, init=L.kernel_init(cfg),
+        shared = dict(use_bias=cfg.use_bias, dtype=dtype, init=L.attention_init(cfg),
                       flat_kernel=cfg.flat_kernels, gradient_rules=cfg.gradient_rules)
         projection = dict(shared, features=(cfg.num_heads, cfg.head_dim),
                           kernel_axes=("embed", "heads", "kv"))
-        query_scale = 1.0 if (cfg.scale_attn_logits or cfg.init_std > 0) else cfg.head_dim ** -.5
         q_BTHK = None
         if mode.startswith("dense") or "plus" in mode:
             q_BTHK = self.dense_layer("query", **dict(
-                projection, init=L.kernel_init(cfg, query_scale)))(x_BTD)
+                projection, init=L.attention_init(cfg, L.query_init_scale(cfg))))(x_BTD)
         v_BSHK, slots_T = LocalInputs(name="value_cache")(
             self.dense_layer("value", **projection)(kv_BSD), decode, cache_index)
         s = v_BSHK.shape[1]

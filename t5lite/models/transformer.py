@@ -192,7 +192,7 @@ class Stack(nn.Module):
             setattr(self, f"{self.kind}_norm", L.make_norm(cfg))
         if self.kind == "decoder" and not cfg.tie_embeddings:
             self.logits_dense = L.make_dense(cfg, cfg.vocab_size, ("embed", "vocab"), False)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = L.dropout(cfg)
         if cfg.fixup:  # shift (and in the encoder scale) after the last layer
             self.final_fixup = residual.FinalFixup(scale=self.kind == "encoder")
 
