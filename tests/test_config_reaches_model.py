@@ -87,6 +87,7 @@ CASES = {
     "pkm_knn": ("t5", PKM, None),
     "pkm_key_dim": ("t5", PKM, [12]),  # even: two halves
     "funnel_blocks": ("t5", TWO_LAYERS, [(1, 1)]),
+    "encoder_norm": ("t5", {}, ["layernorm", "none"]),  # "rmsnorm" is T5's own norm
     # with one layer, unroll 0 (the whole stack) and 1 are the same loop
     "scan_unroll": ("t5", {**TWO_LAYERS, "scan_layers": True}, None),
     # "auto" is "cpu" on this host: compare both with "accelerator"

@@ -150,6 +150,9 @@ class ModelConfig(Section):
     pkm_heads: int = setting(4, bounds=(1, None))
     pkm_knn: int = setting(32, bounds=(1, None))  # slots read per head
     pkm_key_dim: int = setting(512, bounds=(2, None))  # query width (two halves)
+    # the encoder stack's norm ("" = norm): funnel_transformer.gin's Funnel encoder has RMS
+    # norm layers where the decoder keeps the vanilla LayerNorm
+    encoder_norm: str = setting("", choices=("", "rmsnorm", "layernorm", "none"))
     # Funnel Transformer encoder (models/funnel.py): layers per block, e.g. (4, 4, 4); each
     # later block mean-pools the sequence by 2 after its first self-attention; () = off
     funnel_blocks: tuple = ()

@@ -29,6 +29,11 @@ def check_variants(m) -> None:
         raise UserError("model.embed_like_classifier scales a plain token embedding and its "
                         "tied softmax reads it unscaled: set model.scale_tied_logits=False, "
                         "output_softmax=softmax, no factorized_embed_dim / adaptive_input.")
+    if m.encoder_norm and (m.architecture not in ("encoder_decoder", "encoder_only")
+                           or m.shared_encoder_decoder or m.electra.rtd_head):
+        raise UserError("model.encoder_norm sets the norm of an encoder stack of its own: use "
+                        "architecture encoder_decoder (shared_encoder_decoder=False) or "
+                        "encoder_only without ELECTRA, or leave it empty.")
     peft = m.peft
     if m.weighted_transformer and (peft.lora_rank or peft.prompt_tokens or peft.prefix_tokens
                                    or peft.adapter_dim or peft.ia3):

@@ -69,6 +69,7 @@ Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense, sbo) are what
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -99,6 +100,13 @@ def head_dense(cfg, features: int, axes):
     return L.make_dense(cfg, features, axes, use_bias=True)
 
 
+def encoder_config(cfg):
+    """The encoder stack's ModelConfig: model.encoder_norm, when set, as its model.norm (the
+    Funnel row: funnel_transformer.gin's encoder layers and final norm are sublayer_rms_norm,
+    google-research transformer_modifications/gin/models/funnel_transformer.gin :17-27)."""
+    return dataclasses.replace(cfg, norm=cfg.encoder_norm) if cfg.encoder_norm else cfg
+
+
 class EncoderDecoder(nn.Module):
     """T5: encoder over inputs, decoder over shifted targets with cross-attention."""
 
@@ -112,7 +120,7 @@ class EncoderDecoder(nn.Module):
         # model.tie_encoder_decoder_embeddings=False: the encoder reads its own embedding
         self.encoder_token_embedder = (None if self.cfg.tie_encoder_decoder_embeddings
                                        else token_embedder(self.cfg))
-        self.encoder = Stack(self.cfg, "encoder",
+        self.encoder = Stack(encoder_config(self.cfg), "encoder",
                              self.encoder_token_embedder or self.token_embedder,
                              shared=self.decoder if self.cfg.shared_encoder_decoder else None,
                              modules=self.modules)
@@ -196,7 +204,8 @@ class EncoderOnly(nn.Module):
     def setup(self):
         cfg = self.cfg
         self.token_embedder = token_embedder(cfg)
-        self.encoder = Stack(cfg, "encoder", self.token_embedder, modules=self.modules)
+        self.encoder = Stack(encoder_config(cfg), "encoder", self.token_embedder,
+                             modules=self.modules)
         self.mlm_dense = head_dense(cfg, cfg.embed_dim or cfg.d_model, ("embed", "mlp"))
         self.mlm_norm = L.make_norm(cfg)
         self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(

@@ -288,7 +288,7 @@ class MultiHeadAttention(nn.Module):
 
     def dense_layer(self, name: str, **fields) -> DenseGeneral:
         """The projection ``name`` (query, key, value, out) with these DenseGeneral fields."""
-        return DenseGeneral(name=name, **fixup.dense_fields(self.cfg, name, fields))
+        return DenseGeneral(name=name, **fixup.dense_fields(self.cfg, name, fields, self.cross))
 
     def adapt_kv(self, k_BSHK, v_BSHK):
         """Keys / values right after their projections."""

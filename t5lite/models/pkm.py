@@ -30,6 +30,15 @@ def product_topk(scores_BLH2N, knn: int):
     return best_s, jnp.take_along_axis(all_i.reshape(flat), best, axis=-1)
 
 
+# The reference's initializers (mesh_tensorflow/transformer/memory_layers.py
+# ProductKeyValueMemory.call, :54-64 at da907937): the keys are an mtf.get_variable with no
+# initializer, which is TF's glorot_uniform (ops.py get_variable; fans over the last two dims
+# times the leading ones, as Flax's variance_scaling computes them), and the values are
+# mtf.layers.embedding_weights, N(0, 1) (layers.py :2062-2063); Lample et al. draw the values
+# N(0, d^-1/2). Their query is an mtf.layers.dense: layers.kernel_init.
+KEYS_MESH_TF = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+
+
 class ProductKeyMemory(nn.Module):
     """Params: query/{kernel [D, H*2*K], bias}, query_norm_scale / _bias [K], keys
     [H, 2, N, K] ("heads", None, "memory_keys", "kv"), values [N^2, D] ("memory", "embed")."""
@@ -48,16 +57,21 @@ class ProductKeyMemory(nn.Module):
                                  name="query")(x_BLD.astype(jnp.float32))
         q_BLH2K = self._layer_norm(q_BLH2K)
         keys = self.param("keys", nn.with_logical_partitioning(
-            nn.initializers.normal(half ** -0.5), ("heads", None, "memory_keys", "kv")),
-            (h, 2, n, half), jnp.float32)
+            self._init(nn.initializers.normal(half ** -0.5), KEYS_MESH_TF),
+            ("heads", None, "memory_keys", "kv")), (h, 2, n, half), jnp.float32)
         scores_BLH2N = jnp.einsum("blhpk,hpnk->blhpn", q_BLH2K, keys)
         scores_BLHk, slots_BLHk = product_topk(scores_BLH2N, min(knn, n))
         weights_BLHk = jax.nn.softmax(scores_BLHk, axis=-1).astype(dtype)
         values = self.param("values", nn.with_logical_partitioning(
-            nn.initializers.normal(d ** -0.5), ("memory", "embed")), (n * n, d), jnp.float32)
+            self._init(nn.initializers.normal(d ** -0.5), nn.initializers.normal(1.0)),
+            ("memory", "embed")), (n * n, d), jnp.float32)
         read_BLHkD = jnp.take(values.astype(dtype), slots_BLHk, axis=0)
         out_BLD = jnp.einsum("blhk,blhkd->bld", weights_BLHk, read_BLHkD)
         return L.constrain(out_BLD, ("batch", "length", "embed"))
+
+    def _init(self, own, mesh_tf):
+        """Lample et al.'s init, or with model.initializers="mesh_tf" the reference's."""
+        return mesh_tf if self.cfg.initializers == "mesh_tf" else own
 
     def _layer_norm(self, x):
         k = x.shape[-1]
