@@ -22,14 +22,17 @@ OFFLINE = ("offline",)
 
 
 # Config fields no compiled train step reads: the task's name and data source, the number of
-# steps (a constant of the learning-rate schedule), logging, checkpoints, evaluation, decoding.
+# steps and of warm-up steps (constants of the learning-rate schedule: the same program and
+# cost), logging, checkpoints, evaluation, decoding, the initializers (initial values only).
 # Finetuning stages alike in everything else (SuperGLUE, WebQuestions and WMT at paper scale:
 # batch 128 x (512, 512)) share one compile.
 _NOT_IN_STEP = {"": ("name", "checkpoint", "eval", "decode"),
                 "data": ("mixture_or_task", "seed", "shuffle", "data_dir", "tfds_data_dir",
                          "cache_dir", "use_cached", "train_split", "eval_split"),
                 "train": ("steps", "log_every", "eval_every", "eval_steps", "prepare_data",
-                          "profile_steps", "wandb_project", "wandb_entity", "wandb_mode")}
+                          "profile_steps", "wandb_project", "wandb_entity", "wandb_mode"),
+                "optim": ("warmup_steps",),
+                "model": ("initializers",)}
 
 
 def step_key(cfg) -> str:
@@ -40,6 +43,8 @@ def step_key(cfg) -> str:
         part = d[section] if section else d
         for name in names:
             part.pop(name, None)
+    if not d["model"]["dropout_rate"]:  # no dropout: no mask to shape
+        d["model"].pop("dropout_broadcast", None)
     return json.dumps(d, sort_keys=True, default=str)
 
 
