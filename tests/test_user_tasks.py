@@ -170,7 +170,11 @@ def test_task_name_taken_or_registered_twice(project, tmp_path, capfd):
 def test_unknown_metric_lists_the_metrics(project, tmp_path, capfd):
     path = write_module(str(tmp_path), "ut46_metric", "ut46_metric", metric="acuracy")
     line = refused(project, capfd, path, "ut46_metric", match="has no 'acuracy'")
-    assert "sequence_accuracy" in line and f"{path}:" in line
+    assert "sequence_accuracy" in line and f"{path}:13" in line
+    path = write_module(str(tmp_path), "ut46_metric2", "ut46_metric2",
+                        before="from t5lite.tasks.metrics import acuracy")
+    refused(project, capfd, path, "ut46_metric2", match=f"{path}:7: t5lite.tasks.metrics has "
+            "no 'acuracy'; its metrics are accuracy, f1_binary (f1),")
 
 
 def test_misspelt_best_metric_writes_nothing(project, tmp_path, capfd, monkeypatch):

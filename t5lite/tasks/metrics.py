@@ -270,7 +270,8 @@ def metric_functions() -> dict:
 
 
 def describe() -> str:
-    """The metric functions and the values each gives, for messages: "accuracy (accuracy),
-    sequence_accuracy (sequence_accuracy: exact match), ..."."""
-    return ", ".join(f"{name} ({', '.join(fn.metric_keys)})"
+    """The metric functions, for messages, each with the values it gives where they are
+    named otherwise: "accuracy, f1_binary (f1), ..."."""
+    return ", ".join(name if fn.metric_keys == (name,) else
+                     f"{name} ({', '.join(fn.metric_keys)})"
                      for name, fn in metric_functions().items())

@@ -183,10 +183,14 @@ def explain(e: Exception, entry: str, path: str, before) -> str:
         return f"{where}: {e.msg}{named}: fix that line."
     if isinstance(e, UserError):
         return f"{where}: {e}"
-    if isinstance(e, AttributeError) and getattr(e.obj, "__name__", "") == \
-            "t5lite.tasks.metrics":
+    # metrics.NAME, or `from t5lite.tasks.metrics import NAME`, of a metric t5lite lacks
+    missing = (e.name if isinstance(e, AttributeError) and getattr(e.obj, "__name__", "") ==
+               "t5lite.tasks.metrics" else re.findall(r"cannot import name '([^']*)'", str(e))
+               if isinstance(e, ImportError) and e.name == "t5lite.tasks.metrics" else None)
+    if missing:
         from t5lite.tasks import metrics
-        return (f"{where}: t5lite.tasks.metrics has no {e.name!r}; its metrics are "
+        name = missing if isinstance(missing, str) else missing[0]
+        return (f"{where}: t5lite.tasks.metrics has no {name!r}; its metrics are "
                 f"{metrics.describe()}.")
     dup = re.match(r"Attempting to register duplicate provider: (\S+)", str(e))
     if isinstance(e, ValueError) and dup:
