@@ -1,9 +1,18 @@
-"""Test setup: 8 simulated CPU devices (set before jax is imported), quiet TF, slow marker.
+"""Test setup: 8 simulated CPU devices (set before jax is imported), quiet TF, slow marker,
+and a sandbox: HOME and $T5LITE_DATA_DIR point at fresh empty folders for the whole session,
+and a test that touches the user's real data dirs fails (tests/cache_guard.py).
 
 Run everything with `pytest tests`; tests marked slow run only with `--runslow`.
 """
 
 import os
+
+import cache_guard  # tests/ is on sys.path: pytest puts a rootdir conftest's folder there
+
+# Before anything reads HOME or $T5LITE_DATA_DIR (t5lite, TF, matplotlib): a suite that
+# passes only on a machine with prepared data, or that writes into it, is what this prevents.
+OWN_SANDBOX = cache_guard.sandbox()
+cache_guard.install()
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
@@ -25,6 +34,43 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running; run with --runslow")
+
+
+_before_session: dict = {}
+
+
+def pytest_sessionstart(session):
+    if OWN_SANDBOX:
+        _before_session.update(cache_guard.snapshot())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The process that made the sandbox removes it, and fails the session when anything
+    (subprocesses and non-Python readers included) changed the user's real data dirs."""
+    if not OWN_SANDBOX:
+        return
+    changed = cache_guard.changes(_before_session, cache_guard.snapshot())
+    cache_guard.remove()
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line(f"FAILED: the suite changed the user's data dirs "
+                            f"({len(changed)} paths, e.g. {changed[:3]}): tests must use "
+                            "their own data dir (tests/cache_guard.py)", red=True)
+        session.exitstatus = 1
+
+
+@pytest.fixture(autouse=True)
+def _away_from_the_users_data():
+    """Fails a test that opened, listed or wrote anything under the user's real data dirs."""
+    early = cache_guard.take()
+    if early:
+        pytest.fail(f"an import or an earlier fixture touched the user's data dirs: {early[:3]}")
+    yield
+    touched = cache_guard.take()
+    if touched:
+        pytest.fail(f"this test touched the user's data dirs ({len(touched)} operations, e.g. "
+                    f"{touched[:3]}): give it a data dir of its own (tmp_path, the data_dir "
+                    "fixture)")
 
 
 def pytest_collection_modifyitems(config, items):

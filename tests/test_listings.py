@@ -74,26 +74,59 @@ def test_layerwise_counts_of_every_model_config():
         assert layerwise_counts(cfg) == _counts(abstract_params(cfg)), name
 
 
-def test_tasks_list_folds_to_the_terminal_and_filters_by_name(monkeypatch, capsys):
+def _row_names(text: str) -> list[str]:
+    """The first cell of each table row: the lines between the header's rule and the footer
+    (which a terminal's width may fold onto several lines)."""
+    lines = text.splitlines()
+    return [line.split()[0] for line in lines[2:next(
+        i for i, line in enumerate(lines) if line.startswith("data: "))]]
+
+
+def _record_prepared(root, name: str) -> None:
+    """MANIFEST.json listing ``name`` at its current recipe with one file of the recorded
+    size: what dataprep.is_prepared checks, without building the dataset."""
+    from t5lite import dataprep
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "stand-in"), "w") as f:
+        f.write("x")
+    entry = {"recipe": dataprep.DATASETS[name].recipe, "sources": {},
+             "files": {"stand-in": {"bytes": 1}}}
+    dataprep.manifest.write_manifest(root, {"format": 1, "datasets": {name: entry}})
+    assert dataprep.is_prepared(name, root)
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["nothing_prepared", "vocab_t5_ready"])
+@pytest.mark.parametrize("data_dir_name", ["d", "a-data-dir-whose-path-folds-the-footer" * 2])
+def test_tasks_list_folds_to_the_terminal_and_filters_by_name(monkeypatch, capsys, tmp_path,
+                                                              data_dir_name, prepared):
     """A terminal gets the table cut to its width (members folded to a count and the first
     names, long cells end in "…", features / vocabulary dropped when still too wide); a name
-    filter is a substring or a glob; a pipe (or --wide) gets every cell."""
+    filter is a substring or a glob; a pipe (or --wide) gets every cell. The data dir is the
+    test's own, at a short and at a long path, with the paper's vocabulary missing or ready:
+    the data column and the footer (and so every fold) depend on them."""
     from t5lite.cli import listings
     from t5lite.cli import main as cli
     from t5lite.errors import UserError
+    root = str(tmp_path / data_dir_name)
+    monkeypatch.setenv("T5LITE_DATA_DIR", root)
+    if prepared:
+        _record_prepared(root, "vocab_t5")
     for width in (80, 100, 160):
         lines = listings.tasks_table(width=width).splitlines()
         assert max(len(line) for line in lines) <= width, width
-        assert {line.split()[0] for line in lines[2:-2]} >= {"paper_glue", "sentiment"}
+        assert set(_row_names("\n".join(lines))) >= {"paper_glue", "sentiment"}
     text = listings.tasks_table("paper_glue", width=100)
-    names = [line.split()[0] for line in text.splitlines()[2:-1]]
+    names = _row_names(text)
     assert names[-1] == "paper_glue" and all(n.startswith("paper_glue") for n in names)
-    assert len(names) == 12 and "8: paper_glue_cola, " in text and "…" in text
+    assert len(names) == 12 and "…" in text
+    # the data column is "ready" or "prepare vocab_t5" (shrunk), which leaves the members
+    # column more or less room
+    assert ("8: paper_glue_cola, " if prepared else "8: paper_glue_…") in text
     assert "inputs,targets" in text and "t5_spiece.model" in text  # room enough: kept
     wide = listings.tasks_table("paper_glue")
     assert " + ".join(sorted(n for n in names if n.count("_") == 2)[:8]) in wide
     glob = listings.tasks_table("paper_glue_m*")
-    assert [line.split()[0] for line in glob.splitlines()[2:-1]] == [
+    assert _row_names(glob) == [
         "paper_glue_mnli", "paper_glue_mnli_matched", "paper_glue_mnli_mismatched",
         "paper_glue_mrpc"]
     with pytest.raises(UserError, match="no task or mixture matches 'paper_glu_cola'. Did you "
