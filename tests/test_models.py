@@ -19,6 +19,7 @@ from t5lite import peft
 from t5lite.errors import UserError
 from t5lite.models import (PUBLISHED, abstract_params, build_model, count_params, dummy_batch,
                            init_cache)
+from numerics import assert_trees_close_at_scale
 
 ATOL = 1e-5
 # rbg keys: the same flax code, but far faster XLA:CPU compiles than threefry (dropout masks).
@@ -330,7 +331,7 @@ def test_scan_unroll_equals_loop(unroll):
     ((v1, l1), g1), ((v2, l2), g2) = results
     np.testing.assert_allclose(l2, l1, atol=ATOL)
     np.testing.assert_allclose(v2, v1, rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g2, g1)
+    assert_trees_close_at_scale(g2, g1)
 
 
 def test_remat_policies_equal_outputs_and_grads():
@@ -351,8 +352,7 @@ def test_remat_policies_equal_outputs_and_grads():
     for remat, (value, logits, grads) in results.items():
         np.testing.assert_allclose(value, ref[0], rtol=1e-6, err_msg=remat)
         np.testing.assert_allclose(logits, ref[1], atol=ATOL, err_msg=remat)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, err_msg=remat),
-                     grads, ref[2])
+        assert_trees_close_at_scale(grads, ref[2], err_msg=remat)
 
 
 # ----------------------------------------------------------------------------- variants
@@ -533,8 +533,7 @@ def test_cpu_and_accelerator_gradient_rules_give_the_same_gradients(name):
         traced = jax.jit(jax.grad(loss)).trace(params)
         assert ("custom_vjp_call" in str(traced.jaxpr)) == (rules == "cpu"), rules
         grads[rules] = traced.lower().compile()(params)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-                 grads["cpu"], grads["accelerator"])
+    assert_trees_close_at_scale(grads["cpu"], grads["accelerator"])
 
 
 def test_gradient_rules_choices_and_auto():
