@@ -17,6 +17,7 @@ from t5lite.config import ModelConfig
 from t5lite.errors import UserError
 from t5lite.models import build_model, count_params, dummy_batch, layerwise_counts
 from t5lite.models import layers as L
+from numerics import assert_close_at_scale
 
 KEY = functools.partial(jax.random.key, impl="rbg")
 LENGTHS = {"inputs": 10, "targets": 8}
@@ -325,8 +326,8 @@ def test_factorized_synthesizer_logits_are_the_references_broadcast():
     weights_BHTS = np.asarray(state["intermediates"]["encoder"]["layers_0"]["attention"][
         "attention_weights"][0])
     want_HS = jax.nn.softmax(np.einsum("khs,khs->hs", att["R1"], att["R2"])[:, :10])
-    np.testing.assert_allclose(weights_BHTS, np.broadcast_to(
-        want_HS[None, :, None], weights_BHTS.shape), rtol=1e-5, atol=1e-6)
+    assert_close_at_scale(weights_BHTS, np.broadcast_to(
+        want_HS[None, :, None], weights_BHTS.shape), rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", [r.name for r in modifications.ROWS
