@@ -11,7 +11,8 @@ import pytest
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
-from t5lite.monitor import profiler, progress
+from t5lite import progress
+from t5lite.monitor import profiler
 from t5lite.train import trainer
 from train_helpers import tf_iterator, tiny_config
 

@@ -826,7 +826,7 @@ def test_unread_shard_failures_are_collected_without_asyncio_tracebacks(caplog):
     import gc
     import logging
     import weakref
-    from t5lite.monitor import progress
+    from t5lite import progress
 
     async def read():
         raise ValueError("bad shard")

@@ -255,7 +255,7 @@ def run(table: str | Table, workdir: str, rows: Sequence[str] = (), tasks: Seque
     check_tasks(tasks)
     check_splits(tasks, scale)
     results = {}
-    from t5lite.monitor import progress  # rows done / to do (a bar, or plain lines in a log file)
+    from t5lite import progress  # rows done / to do (a bar, or plain lines in a log file)
     for row in progress.bar(selected, desc=f"ablate {table.name}", unit="row",
                             disable=dry_run):
         print(f"# {table.name} / {row.name}: {' | '.join(row.label)}", flush=True)

@@ -308,7 +308,7 @@ def import_hf_command(src: str, dst: str) -> None:
 def export_hf_command(src: str, dst: str) -> None:
     """`t5lite convert export SRC DST`: params-only dir / workdir / step dir -> HF dir."""
     from t5lite import convert
-    from t5lite.monitor import progress
+    from t5lite import progress
     from t5lite.store import checkpointing
     with progress.quiet_absl():
         cfg, params = checkpointing.load_params(src)
@@ -332,7 +332,7 @@ def merge_lora_command(src: str, dst: str) -> None:
     infer and init_from."""
     import jax
     from t5lite import peft
-    from t5lite.monitor import progress
+    from t5lite import progress
     from t5lite.store import checkpointing
 
     with progress.quiet_absl():

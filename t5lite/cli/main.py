@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     _quiet_env()
-    from t5lite.monitor import progress
+    from t5lite import progress
     progress.drop_closed_event_loop_noise()  # orbax's leftovers after a fallback restore
     try:
         args = build_parser().parse_args(argv)

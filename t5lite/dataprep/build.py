@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 
 from tqdm.auto import tqdm
 
-from t5lite.monitor import progress  # tqdm bars on a terminal, plain lines in a log file
+from t5lite import progress  # tqdm bars on a terminal, plain lines in a log file
 from t5lite.dataprep import datadir, manifest as manifest_lib
 from t5lite.dataprep.builder import Builder
 from t5lite.dataprep.datasets import DATASETS, QUICKSTART

@@ -15,7 +15,7 @@ import os
 import re
 from typing import Callable, Iterable
 
-from t5lite.monitor import progress  # tqdm bars on a terminal, plain lines in a log file
+from t5lite import progress  # tqdm bars on a terminal, plain lines in a log file
 from t5lite.dataprep.archives import read_member
 from t5lite.dataprep.builder import Builder, SourceFetcher
 from t5lite.dataprep.clean import bucket, dedup_key, normalize_text

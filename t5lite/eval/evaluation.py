@@ -95,7 +95,7 @@ class Predictor:
         return partitioning.activate(self.mesh)
 
     def _chunks(self, n: int, desc: str = "") -> Iterable[tuple[int, int]]:
-        from t5lite.monitor import progress
+        from t5lite import progress
         with progress.bar(total=n, desc=desc, unit="ex", leave=False,
                           disable=n <= self.batch_size or jax.process_index() != 0) as bar:
             for start in range(0, n, self.batch_size):
@@ -388,7 +388,7 @@ class TrainEvaluator:
 def load(checkpoint: str, overrides: Sequence[str] = ()):
     """-> (cfg with overrides applied, model, params) from any checkpoint layout."""
     from t5lite import peft
-    from t5lite.monitor import progress
+    from t5lite import progress
     from t5lite.store import checkpointing
     with progress.quiet_absl():
         cfg, params = checkpointing.load_params(checkpoint)

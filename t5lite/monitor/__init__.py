@@ -1,1 +1,1 @@
-"""Watching a run: metrics writers, goodput and the profiler, progress output, plots."""
+"""Watching a run: metrics writers, goodput and the profiler, plots (progress bars: t5lite/progress.py)."""

@@ -84,7 +84,7 @@ class MetricsLogger:
         self.tb = _summary_writer_cls()(os.path.join(workdir, "tensorboard"),
                                         purge_step=start_step + 1)
         if progress_bar:
-            from t5lite.monitor import progress  # plain lines instead of a bar in a log file
+            from t5lite import progress  # plain lines instead of a bar in a log file
             self.bar = progress.bar(total=total_steps, initial=start_step, unit="step",
                                     desc="train", dynamic_ncols=True, smoothing=0.1)
         self.step = start_step

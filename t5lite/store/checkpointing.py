@@ -30,7 +30,7 @@ from etils import epath
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
-from t5lite.monitor import progress
+from t5lite import progress
 from t5lite.store import failed_reads, gcs
 from t5lite.store.paths import abspath, write_atomic
 

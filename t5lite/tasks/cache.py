@@ -62,7 +62,7 @@ def _info(example: dict, num_shards: int) -> dict:
 def _write_split(task, split: str, tmp: str, num_shards: int) -> dict:
     """Preprocess one split up to the placeholder into tmp's shards, info and stats files.
     -> the stats (examples, tokens per feature)."""
-    from t5lite.monitor import progress
+    from t5lite import progress
     ds = task.source.get_dataset(split=split, shuffle=False)
     ds = task.preprocess_precache(ds, seed=None)
     prefix = seqio.utils.get_cached_tfrecord_prefix(tmp, split)

@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterator
 import jax
 
 from t5lite.errors import Preempted, UserError
-from t5lite import peft
-from t5lite.monitor import flops as flops_lib, goodput, profiler, progress, writers
+from t5lite import peft, progress
+from t5lite.monitor import flops as flops_lib, goodput, profiler, writers
 from t5lite.store import checkpointing
 from t5lite.store import workdir as workdir_lib
 from t5lite.tpu import advice
