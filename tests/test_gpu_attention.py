@@ -1,0 +1,143 @@
+"""The GPU attention kernels (models/gpu_attention.py, gpu_flash_kernels.py) against the model's
+XLA attention on CPU: "flash_gpu" (the Pallas Triton kernel, in interpret mode here) on one
+layer's output and every gradient (projections, both inputs, the relative bias table) on
+packed and padded rows, encoder, causal decoder, cross-attention and ALiBi; "cudnn"'s wrapper
+(masks, sequence lengths, causal, the [1, H, T, S] bias and its gradient) through
+jax.nn.dot_product_attention with implementation="xla", since cuDNN needs a GPU; whole models
+with each kernel against "xla"; the Triton kernels lowered for CUDA from this CPU host (the
+Triton IR is built here: an op Triton lacks fails here); "auto" per backend and the refusals.
+
+Interpret mode runs every grid program: sizes are tiny, blocks small (16 / 32 slots), but
+each attention spans several query and key blocks. Rows with no visible key (padding queries)
+are left out: both paths leave them unspecified.
+"""
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5lite.config import ModelConfig, presets
+from t5lite.errors import UserError
+from t5lite.models import build_model, flash_bias
+from t5lite.models import gpu_attention as GA
+from t5lite.models import gpu_flash_kernels as G
+from t5lite.models import layers as L
+from t5lite.models.positions import RelativePositionBias, alibi_bias
+from t5lite.train import losses
+from test_flash_attention import KV_SEG, Q_SEG, _packed_batch, _segments, _xla_bias
+
+KEY = functools.partial(jax.random.key, impl="rbg")
+BLOCKS = dict(block_q=32, block_k=16)
+
+
+def _cudnn_bias(cfg, q_seg, kv_seg, kind, causal, table, packed):
+    """The cudnn wrapper's object for one layer: the XLA path's position bias and a segment
+    mask (packed) or sequence lengths (rows right-padded)."""
+    pos = _position_bias(cfg, q_seg.shape[1], kv_seg.shape[1], kind, causal, table)
+    fields = dict(causal=causal, implementation="xla")
+    if packed:
+        cross = q_seg is not kv_seg
+        mask = (L.cross_attention_mask(q_seg != 0, kv_seg != 0, q_seg, kv_seg) if cross
+                else L.self_attention_mask(q_seg != 0, q_seg))
+        return GA.CudnnBias(pos, mask[:, None], **fields)
+    return GA.CudnnBias(pos, None, jnp.sum(q_seg != 0, 1, dtype=jnp.int32),
+                        jnp.sum(kv_seg != 0, 1, dtype=jnp.int32), **fields)
+
+
+def _position_bias(cfg, t, s, kind, causal, table):
+    """The model's [1, H, T, S] position bias over slots (positions.py), or None."""
+    pos_q, pos_k = jnp.arange(t)[None], jnp.arange(s)[None]
+    if kind == "relative":
+        module = RelativePositionBias(table.shape[1], cfg.relative_max_distance, cfg.num_heads,
+                                      not causal)
+        return module.apply({"params": {"rel_embedding": table}}, pos_q, pos_k)
+    return alibi_bias(pos_q, pos_k, cfg.num_heads) if kind == "alibi" else None
+
+
+def _run(cfg, kind, causal, cross, how, packed=True):
+    """Output at real queries and the gradients of loss(params, x, kv, table) of one
+    MultiHeadAttention: ``how`` = xla (the model's bias), flash_gpu or cudnn (the wrapper)."""
+    q_seg, kv_seg = (Q_SEG, KV_SEG) if packed else (_segments([(150,), (90,), (31,)], 150),
+                                                   _segments([(100,), (70,), (9,)], 100))
+    q_seg = q_seg if cross else q_seg[:, :100] if causal else kv_seg
+    kv_seg = kv_seg if cross else q_seg
+    b, t, s = q_seg.shape[0], q_seg.shape[1], kv_seg.shape[1]
+    module = L.MultiHeadAttention(cfg, cross=cross)
+    x = jax.random.normal(KEY(1), (b, t, cfg.d_model)).astype(cfg.dtype)
+    kv = jax.random.normal(KEY(2), (b, s, cfg.d_model)).astype(cfg.dtype)
+    table = jax.random.normal(KEY(3), (cfg.num_heads, cfg.relative_buckets))
+    params = module.init(KEY(0), x, kv, jnp.zeros((1, 1, t, s)))["params"]
+    weight = jax.random.normal(KEY(4), (b, t, cfg.d_model)) * (q_seg != 0)[..., None]
+
+    def loss(params, x, kv, table):
+        if how == "flash_gpu":
+            bias = GA.FlashGpuBias(q_seg, kv_seg, table if kind == "relative" else None, kind,
+                                   causal, not causal, cfg.relative_max_distance, **BLOCKS)
+        elif how == "cudnn":
+            bias = _cudnn_bias(cfg, q_seg, kv_seg, kind, causal, table, packed)
+        else:
+            bias = _xla_bias(cfg, q_seg, kv_seg, kind, causal, table)
+        out = module.apply({"params": params}, x, kv if cross else x, bias)
+        return jnp.sum(out.astype(jnp.float32) * weight), out
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+    (_, out), grads = grad(params, x, kv, table)
+    valid = np.asarray(q_seg != 0)
+    return np.asarray(out, np.float32)[valid], jax.tree.map(
+        lambda a: np.asarray(a, np.float32), grads)
+
+
+def _config(dtype="float32", **kw):
+    return ModelConfig(d_model=32, num_heads=2, head_dim=16, relative_buckets=32,
+                       relative_max_distance=24, dtype=dtype, dropout_rate=0.0, **kw)
+
+
+def _assert_close(got, want, rtol):
+    (out_g, grads_g), (out_w, grads_w) = got, want
+    np.testing.assert_allclose(out_g, out_w, atol=rtol * np.max(np.abs(out_w)), rtol=0)
+    leaves_w = jax.tree.leaves(grads_w)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads_g), leaves_w):
+        np.testing.assert_allclose(g, w, atol=rtol * max(np.max(np.abs(w)), 1e-6), rtol=0,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+# (bias kind, causal, cross): encoder self-attention (bidirectional buckets), decoder causal
+# self-attention (unidirectional buckets), cross-attention (no bias), ALiBi causal
+CASES = {"encoder": ("relative", False, False), "decoder": ("relative", True, False),
+         "cross": ("none", False, True), "alibi_causal": ("alibi", True, False)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_flash_gpu_kernel_equals_model_attention(case):
+    """Forward and the gradients of the projections, both inputs and the bias table agree
+    with the XLA attention to float32 rounding (1e-5 of each array's largest entry)."""
+    kind, causal, cross = CASES[case]
+    cfg = _config()
+    _assert_close(_run(cfg, kind, causal, cross, "flash_gpu"),
+                  _run(cfg, kind, causal, cross, "xla"), 1e-5)
+
+
+def test_flash_gpu_kernel_bfloat16():
+    """bfloat16 compute: the kernel keeps logits and probabilities in float32 where the XLA
+    path rounds them to bfloat16: agreement to bfloat16 rounding (2e-2 of each array's
+    largest entry, as the TPU kernel's test)."""
+    cfg = _config("bfloat16")
+    _assert_close(_run(cfg, "relative", False, False, "flash_gpu"),
+                  _run(cfg, "relative", False, False, "xla"), 2e-2)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("packed", [True, False], ids=["mask", "lengths"])
+def test_cudnn_wrapper_equals_model_attention(case, packed):
+    """The cudnn wrapper (bias, boolean mask or sequence lengths, causal flag) through
+    jax.nn.dot_product_attention's XLA implementation: the model's attention, output and
+    every gradient, the bias table's included (float32 rounding)."""
+    kind, causal, cross = CASES[case]
+    cfg = _config()
+    _assert_close(_run(cfg, kind, causal, cross, "cudnn", packed),
+                  _run(cfg, kind, causal, cross, "xla", packed), 1e-5)
