@@ -115,8 +115,9 @@ def maxtext_flops_per_chip(name: str, per_device: int) -> float:
 def compile_row(name: str) -> None:
     """Compile the row's train step and keep its HLO, device coordinates and report."""
     from t5lite import config as config_lib, peft
-    from t5lite.tpu import compile as tpu_compile, memory, topology
-    from t5lite.train import partitioning
+    from t5lite.mesh import topology
+    from t5lite.tpu import compile as tpu_compile, memory
+    from t5lite.mesh import partitioning
     import jax
     topo = topology.parse_topology(ROWS[name][3])
     per_device = ROWS[name][9]
@@ -153,7 +154,8 @@ def compile_row(name: str) -> None:
 
 def analyze_row(name: str) -> dict:
     """Measured vs roofline vs expected for a compiled row (its cached HLO)."""
-    from t5lite.tpu import hlo_cost, step_time, topology
+    from t5lite.mesh import topology
+    from t5lite.tpu import hlo_cost, step_time
     with open(os.path.join(CACHE, f"{name}.json")) as f:
         meta = json.load(f)
     with gzip.open(os.path.join(CACHE, f"{name}.hlo.gz"), "rt") as f:

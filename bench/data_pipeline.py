@@ -66,7 +66,8 @@ def bench_pipeline(cfg, num_batches: int):
 
 def bench_train_step(cfg, batches, num_steps: int):
     from t5lite import peft
-    from t5lite.train import optim, partitioning, trainer
+    from t5lite.mesh import partitioning
+    from t5lite.train import optim, trainer
     mesh = partitioning.make_mesh(cfg.mesh)
     model = peft.build_model(cfg.model)
     tx = optim.make_optimizer(cfg.optim, cfg.train.steps)

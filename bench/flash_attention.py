@@ -39,7 +39,7 @@ def config(preset: str, length: int, kernel: str, remat: str, batch: int | None 
 def measure(preset: str, topology: str, length: int, kernel: str, remat: str,
             batch: int | None = None) -> dict:
     from t5lite.tpu import compile as tpu_compile
-    from t5lite.tpu import topology as topo_lib
+    from t5lite.mesh import topology as topo_lib
     cfg = config(preset, length, kernel, remat, batch)
     topo = topo_lib.parse_topology(topology)
     t0 = time.time()

@@ -19,7 +19,7 @@ import jax
 from t5lite import config as config_lib
 from t5lite import peft
 from t5lite.tpu import compile as tpu_compile
-from t5lite.train import partitioning
+from t5lite.mesh import partitioning
 
 
 def step_memory(cfg, all_grads: bool = False):

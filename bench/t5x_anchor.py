@@ -141,7 +141,8 @@ def t5x_step(network, devices, options: dict, size: str, layers: int, batch_size
 
 
 def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
-    from t5lite.tpu import hlo_cost, memory, topology
+    from t5lite.mesh import topology
+    from t5lite.tpu import hlo_cost, memory
     chip = topology.parse_topology(TOPOLOGY).chip
     mem = compiled.memory_analysis()
     hlo = hlo_cost.hlo_costs(compiled.as_text(), chip)
@@ -183,8 +184,9 @@ def main():
     import jax
 
     from t5lite import config as config_lib
-    from t5lite.tpu import compile as tpu_compile, topology
-    from t5lite.train import partitioning
+    from t5lite.mesh import topology
+    from t5lite.tpu import compile as tpu_compile
+    from t5lite.mesh import partitioning
     topology.require_libtpu()
     topo = topology.parse_topology(TOPOLOGY)
     devices = topology.abstract_devices(topo)

@@ -68,8 +68,8 @@ def _setting(name: str, sets: list, topology: str = "", report=None) -> tuple:
     measured row, whose own remat, batch, micro-batches and mesh count (the preset's values
     may have changed since it was compiled)."""
     from t5lite import config
-    from t5lite.tpu import topology as tpu_topology
-    from t5lite.train import partitioning
+    from t5lite.mesh import topology as tpu_topology
+    from t5lite.mesh import partitioning
     preset = name.split("@")[0]
     cfg = config.load_config(preset, sets)
     topology = topology or cfg.mesh.topology
@@ -96,7 +96,8 @@ def command(name: str) -> str:
 
 def run_row(name: str) -> dict:
     from t5lite import config
-    from t5lite.tpu import compile as tpu_compile, topology as tpu_topology
+    from t5lite.mesh import topology as tpu_topology
+    from t5lite.tpu import compile as tpu_compile
     topology, sets = ROWS[name]
     cfg = config.load_config(name.split("@")[0], sets)
     t0 = time.time()
@@ -150,7 +151,7 @@ def render(jsonl: str, out: str) -> None:
         "state + the activations the remat policy saves + one layer's working set + logits "
         "(t5lite.tpu.memory.analytic_bytes). FLOPs: compiled (the HLO's matmuls, every loop x its "
         "trip count) / model (3 x forward matmuls, + remat recompute). Two step times from "
-        "the chip table in t5lite/tpu/topology.py: the *roofline bound* (no step runs faster: "
+        "the chip table in t5lite/mesh/topology.py: the *roofline bound* (no step runs faster: "
         "the largest of FLOPs / peak, HBM bytes / bandwidth (operands in VMEM excluded), "
         "collective bytes / the chip's whole ICI bandwidth and the sum of every instruction's "
         "own roofline; `roofline_seconds` in the JSON) and the *expected* step "

@@ -170,7 +170,8 @@ def run_ours(args) -> dict:
     from t5lite import convert
     from t5lite.config import MeshConfig
     from t5lite import peft
-    from t5lite.train import partitioning, trainer
+    from t5lite.mesh import partitioning
+    from t5lite.train import trainer
     base = _rss_mib()
     cfg = make_config(args.family, args.size, args.batch, args.dropout, args.scan_unroll)
     devices = jax.devices()[:1]  # one CPU device using every core (XLA's intra-op pool)

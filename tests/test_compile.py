@@ -18,8 +18,8 @@ from flax import linen as nn
 
 from t5lite.cli import main as cli
 from t5lite.tpu import compile as tpu_compile, hlo_cost, memory, report, search
-from t5lite.tpu import topology as tpu_topology
-from t5lite.tpu.topology import GiB
+from t5lite.mesh import topology as tpu_topology
+from t5lite.mesh.topology import GiB
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import build_model, count_params, dummy_batch, layers
@@ -359,7 +359,7 @@ def test_a_mesh_axis_that_splits_a_physical_dim_still_makes_a_mesh():
     """v5p-128 is a 4x4x4 torus: tensor=2 is no product of its dims (jax.make_mesh refuses
     it); the mesh splits a physical dim instead, every chip once."""
     from t5lite.config import MeshConfig
-    from t5lite.train import partitioning
+    from t5lite.mesh import partitioning
     devices = tpu_topology.abstract_devices(tpu_topology.parse_topology("v5p-128"))
     mesh = partitioning.make_mesh(MeshConfig(data=1, fsdp=32, tensor=2), devices)
     assert dict(mesh.shape) == {"data": 1, "fsdp": 32, "tensor": 2}
@@ -400,7 +400,7 @@ XL_WIDE = ["data.batch_size=16", "data.feature_lengths.inputs=512",
 
 
 def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
-    from t5lite.train import partitioning
+    from t5lite.mesh import partitioning
     topo = tpu_topology.parse_topology("v5litepod-4")
     runs = {}
     for on in (False, True):

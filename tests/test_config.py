@@ -6,7 +6,7 @@ import json
 import pytest
 
 from t5lite.cli import main as cli
-from t5lite.train import partitioning
+from t5lite.mesh import partitioning
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 

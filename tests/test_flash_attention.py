@@ -250,7 +250,8 @@ def test_compile_counts_the_kernel_for_tpu():
     """The kernel compiles for a v5p chip (Mosaic, on this CPU host), and tpu/hlo_cost.py
     counts its FLOPs and HBM bytes from the estimate its custom call carries."""
     pytest.importorskip("libtpu")
-    from t5lite.tpu import hlo_cost, topology
+    from t5lite.mesh import topology
+    from t5lite.tpu import hlo_cost
     device = topology.abstract_devices(topology.parse_topology("v5p:2x2x1"))[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
     x = jax.ShapeDtypeStruct((1, 1024, 2, 64), jnp.bfloat16, sharding=sharding)
@@ -270,7 +271,7 @@ def test_sharded_kernel_equals_unsharded():
     per shard in shard_map; outputs and gradients, the table's included (split by heads,
     summed over batch shards), equal one unsharded kernel's."""
     from t5lite.config import MeshConfig
-    from t5lite.train import partitioning
+    from t5lite.mesh import partitioning
     q_seg = KV_SEG[:, :96].at[1, 50:].set(0)
     q_seg = jnp.concatenate([q_seg, q_seg[:1]])  # 4 rows: two per data shard
     x = jax.random.normal(KEY(1), (3, 4, 96, 2, 16))

@@ -1034,7 +1034,7 @@ def test_local_initialize_multihost_reads_the_launcher_env():
     script = textwrap.dedent("""\
         import jax
         from t5lite import config
-        from t5lite.train import partitioning
+        from t5lite.mesh import partitioning
         partitioning.initialize_multihost(config.MeshConfig(multihost=True))
         mesh = partitioning.make_mesh(config.MeshConfig(data=2, fsdp=2))
         print("process", jax.process_index(), "of", jax.process_count(), "mesh", dict(mesh.shape))

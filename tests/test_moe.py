@@ -14,7 +14,8 @@ from flax import linen as nn
 from t5lite.config import ModelConfig
 from t5lite.models import build_model, dummy_batch, moe
 from t5lite.models import layers as L
-from t5lite.train import losses, partitioning
+from t5lite.mesh import partitioning
+from t5lite.train import losses
 
 KEY = functools.partial(jax.random.key, impl="rbg")
 

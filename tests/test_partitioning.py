@@ -9,7 +9,8 @@ from jax.sharding import PartitionSpec as P
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import build_model
-from t5lite.train import optim, partitioning, trainer
+from t5lite.mesh import partitioning
+from t5lite.train import optim, trainer
 from train_helpers import enable_compilation_cache, synthetic_batches, tiny_config
 
 enable_compilation_cache()

@@ -21,7 +21,8 @@ from t5lite.config import ElectraConfig, ModelConfig, PeftConfig
 from t5lite.errors import UserError
 from t5lite.models import abstract_params
 from t5lite.peft import build_model, stack_modules
-from t5lite.train import partitioning, trainer
+from t5lite.mesh import partitioning
+from t5lite.train import trainer
 from numerics import assert_close_at_scale
 
 D, H, K, F, NL = 32, 4, 8, 64, 2

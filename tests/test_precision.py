@@ -7,7 +7,8 @@ import pytest
 
 from t5lite import config as config_lib
 from t5lite.models import build_model
-from t5lite.train import optim, partitioning, trainer
+from t5lite.mesh import partitioning
+from t5lite.train import optim, trainer
 from train_helpers import synthetic_batches, tiny_config
 
 

@@ -10,9 +10,9 @@ import pytest
 from t5lite import config as config_lib
 from t5lite.cli import main as cli
 from t5lite.errors import UserError
-from t5lite.tpu import advice, topology as tpu_topology
-from t5lite.tpu.topology import GiB
-from t5lite.train import partitioning
+from t5lite.mesh import advice, topology as tpu_topology
+from t5lite.mesh.topology import GiB
+from t5lite.mesh import partitioning
 
 CONFIGS = sorted(n for n in config_lib.available_configs() if "/" not in n)
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from t5lite.tpu import hlo_cost, report, step_time
-from t5lite.tpu.topology import CHIPS
+from t5lite.mesh.topology import CHIPS
 
 V5P, V5E = CHIPS["v5p"], CHIPS["v5e"]
 MB4 = 1024 * 1024 * 4  # an f32[1024,1024]
@@ -177,7 +177,8 @@ def test_a_compiled_step_is_expected_no_faster_than_its_bound():
     """gpt2_tiny for v5p:2x2x2 (fsdp=8): t5lite's default XLA options leave the fsdp
     collectives blocking, so the expected step adds them to the instructions' time."""
     from t5lite import config as config_lib
-    from t5lite.tpu import compile as tpu_compile, topology
+    from t5lite.mesh import topology
+    from t5lite.tpu import compile as tpu_compile
     pytest.importorskip("libtpu")
     cfg = config_lib.load_config("gpt2_tiny", [
         "data.batch_size=8", "data.feature_lengths.targets=128", "model.vocab_size=256",
@@ -245,7 +246,7 @@ def test_a_published_run_is_expected_within_10_mfu_points(row):
     import json
     import os
 
-    from t5lite.tpu import topology
+    from t5lite.mesh import topology
     here = os.path.join(os.path.dirname(__file__), "step_time_fixtures")
     with open(os.path.join(here, f"{row}.json")) as f:
         meta = json.load(f)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from t5lite.store import checkpointing
-from t5lite.train import optim, partitioning, trainer
+from t5lite.mesh import partitioning
+from t5lite.train import optim, trainer
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import build_model

@@ -96,7 +96,8 @@ def steps_per_accumulation(cfg, micro_steps, batch=None):
     import jax
 
     from t5lite.models import build_model
-    from t5lite.train import optim, partitioning, trainer
+    from t5lite.mesh import partitioning
+    from t5lite.train import optim, trainer
     model = build_model(cfg.model)
     mesh = partitioning.make_mesh(cfg.mesh)
     tx = optim.make_optimizer(cfg.optim, 10)

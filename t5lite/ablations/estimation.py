@@ -68,7 +68,7 @@ def compile_report(stage: Stage, topology: str, cache: dict) -> dict:
         raise UserError(f"{stage.workdir} ({stage.kind}) is not among the compiled stages")
     try:
         from t5lite.tpu.compile import compile_step
-        from t5lite.tpu.topology import parse_topology, require_libtpu
+        from t5lite.mesh.topology import parse_topology, require_libtpu
     except ImportError:
         raise UserError("--topology needs `t5lite compile` (AOT compile for TPU), which "
                         "this install lacks; --estimate without --topology prints the "
@@ -188,7 +188,7 @@ def _print_estimate(table: Table, scale: str, seeds: int, topology: str, rows: d
 def _check_topology(topology: str) -> None:
     """Say once, before any row, that this install cannot compile for a TPU."""
     try:
-        from t5lite.tpu.topology import parse_topology, require_libtpu
+        from t5lite.mesh.topology import parse_topology, require_libtpu
         import t5lite.tpu.compile  # noqa: F401
     except ImportError:
         raise UserError("--topology needs `t5lite compile` (AOT compile for TPU), which "

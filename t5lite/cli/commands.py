@@ -91,7 +91,8 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
                     do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
     """`t5lite compile`: one report (or a search) for a config on a TPU topology, as JSON
     (one object on stdout) or text."""
-    from t5lite.tpu import compile as tpu_compile, report, search, topology as tpu_topology
+    from t5lite.mesh import topology as tpu_topology
+    from t5lite.tpu import compile as tpu_compile, report, search
     from t5lite import config as config_lib
     cfg = config_lib.load_config(config_name, list(overrides))
     if not (topology or cfg.mesh.topology):

@@ -91,7 +91,7 @@ class Predictor:
     def _ctx(self):
         if self.mesh is None:
             return contextlib.nullcontext()
-        from t5lite.train import partitioning
+        from t5lite.mesh import partitioning
         return partitioning.activate(self.mesh)
 
     def _chunks(self, n: int, desc: str = "") -> Iterable[tuple[int, int]]:
@@ -263,7 +263,7 @@ def _classifier_metrics(cfg, model, params, task_name: str, split: str, max_exam
                   for k, v in batch.items()}
         ctx = contextlib.nullcontext()
         if mesh is not None:
-            from t5lite.train import partitioning
+            from t5lite.mesh import partitioning
             ctx = partitioning.activate(mesh)
         with ctx:
             pred = np.asarray(jax.device_get(fwd(params, padded)))[:n].argmax(-1)

@@ -12,7 +12,9 @@ Importing this module is light (no jax): the trainer and the CLI call it with by
 
 from __future__ import annotations
 
-from t5lite.tpu.topology import GiB
+import math
+
+from t5lite.mesh.topology import GiB
 
 # Copies of state above this many bytes per chip (beyond what sharding it would keep) are
 # "far": below it (models up to about T5 base) the copies cost little beside the step.
@@ -21,8 +23,18 @@ FAR_BYTES = 2 * GiB
 
 def state_bytes(params_per_chip: int, opt_per_chip: int) -> int:
     """Per-chip bytes of parameters + their gradients (same dtype and sharding) + optimizer
-    state, as the memory floor counts them (memory.analytic_bytes' "state")."""
+    state, as the memory floor counts them (tpu.memory.analytic_bytes' "state")."""
     return 2 * params_per_chip + opt_per_chip
+
+
+def leaf_bytes(tree) -> int:
+    """Bytes per chip of a tree of ShapeDtypeStructs with shardings."""
+    import jax
+    n = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        n += math.prod(shape) * x.dtype.itemsize
+    return n
 
 
 def mesh_advice(mesh: dict, params_per_chip: int, opt_per_chip: int,
@@ -51,6 +63,5 @@ def mesh_advice(mesh: dict, params_per_chip: int, opt_per_chip: int,
 def train_state_advice(mesh: dict, abstract_state, hbm_bytes: int = 0) -> str:
     """mesh_advice for a train state of ShapeDtypeStructs with shardings (the trainer's
     abstract state: its ``params`` and ``opt_state``)."""
-    from t5lite.tpu import memory
-    return mesh_advice(mesh, memory.leaf_bytes(abstract_state.params),
-                       memory.leaf_bytes(abstract_state.opt_state), hbm_bytes)
+    return mesh_advice(mesh, leaf_bytes(abstract_state.params),
+                       leaf_bytes(abstract_state.opt_state), hbm_bytes)

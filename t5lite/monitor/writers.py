@@ -18,11 +18,11 @@ import numpy as np
 from etils import epath
 
 from t5lite.errors import UserError
-from t5lite.tpu import topology
+from t5lite.mesh import topology
 
 
 def peak_flops_per_device(override: float = 0.0):
-    """Peak FLOP/s of one local device (tpu.topology's chip table), or None when unknown (CPUs:
+    """Peak FLOP/s of one local device (mesh.topology's chip table), or None when unknown (CPUs:
     no honest single number; pass train.peak_flops to get an MFU against a peak you choose).
     MFU = achieved model FLOP/s / peak."""
     if override > 0:

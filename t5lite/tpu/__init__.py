@@ -1,10 +1,11 @@
 """Compiling for a TPU slice on any host (libtpu, no TPU needed). One concern per module,
-imports downward: topology <- hlo_cost <- step_time, memory <- compile <- search; report formats
-results.
+imports downward: hlo_cost <- step_time, memory <- compile <- search; report formats
+results. The chip table, meshes and mesh advice are one layer lower, in t5lite.mesh (train and
+monitor read them too).
 
 Public entry points:
-- `topology.parse_topology(name) -> Topology`, `topology.abstract_devices(topo)`,
-  `topology.require_libtpu()`; `topology.CHIPS` / `topology.peak_flops(device_kind)`: the one
+- `mesh.topology.parse_topology(name) -> Topology`, `mesh.topology.abstract_devices(topo)`,
+  `mesh.topology.require_libtpu()`; `mesh.topology.CHIPS` / `peak_flops(device_kind)`: the one
   chip table (HBM, bandwidths, peak FLOP/s; the training logs' MFU reads it too);
 - `compile.compile_step(cfg, topo, devices=None, hbm_bytes=0) -> dict`: compile cfg's train
   step for the slice, in process (cached per config and topology) -> the report
@@ -19,9 +20,8 @@ Public entry points:
   coords)`: the expected step (the schedule replayed on the slice's torus);
   `memory.memory_bytes(mem)` / `memory.analytic_bytes(...)`: per-chip memory of a compiled
   program and the shapes' floor;
-- `advice.mesh_advice(mesh, params_per_chip, opt_per_chip, hbm_bytes=0)`: the one line
+- `mesh.advice.mesh_advice(mesh, params_per_chip, opt_per_chip, hbm_bytes=0)`: the one line
   `t5lite compile` and `t5lite train` print when a mesh copies multi-GB training state on
-  every chip of the data axis (no jax at import; the trainer calls it);
-- `compiler_options.compiler_options(cfg)`: XLA options of a program compiled for TPU
-  (train.partitioning.compiler_options asks here).
+  every chip of the data axis; `mesh.partitioning.compiler_options(cfg, mesh)`: XLA options of
+  a program compiled for TPU.
 """

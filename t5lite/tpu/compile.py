@@ -18,8 +18,9 @@ import re
 import time
 
 from t5lite.monitor import flops as flops_lib
-from t5lite.tpu import advice, hlo_cost, memory, step_time
-from t5lite.tpu.topology import Topology, abstract_devices
+from t5lite.mesh import advice
+from t5lite.mesh.topology import Topology, abstract_devices
+from t5lite.tpu import hlo_cost, memory, step_time
 
 _CACHE: dict = {}  # (config JSON, topology) -> report: --search revisits configs
 
@@ -29,7 +30,7 @@ def compile_step(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
     `hbm_bytes` (default: the chip's) is what `fits` compares the per-chip total against.
     ``devices``: the slice's abstract devices (default: topology.abstract_devices(topo))."""
     from t5lite import config as config_lib
-    from t5lite.train import partitioning
+    from t5lite.mesh import partitioning
     d = config_lib.to_dict(cfg)  # the key holds the resolved mesh: fsdp=-1 == fsdp=<chips>
     d["mesh"] = dict(d["mesh"], **dict(zip(partitioning.MESH_AXES,
                                            partitioning.mesh_shape(cfg.mesh, topo.chips))))
@@ -54,7 +55,8 @@ def trace_train_step(cfg, mesh, model, tx, differentiate_all: bool = False):
     import jax
 
     from t5lite.models import dummy_batch
-    from t5lite.train import partitioning, trainer
+    from t5lite.mesh import partitioning
+    from t5lite.train import trainer
 
     abstract, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
     trainable = jax.tree.map(lambda _: True, shardings.params) if differentiate_all else None
@@ -80,7 +82,7 @@ def _mesh_and_model(cfg, topo: Topology, devices=None, grad_accum_steps: int = 1
     """The slice's mesh (the batch checked against it) and cfg's model built with the
     accelerator's gradient rules, whatever this host's backend is."""
     from t5lite import peft
-    from t5lite.train import partitioning
+    from t5lite.mesh import partitioning
 
     devices = devices if devices is not None else abstract_devices(topo)
     mesh = partitioning.make_mesh(cfg.mesh, devices)
@@ -92,7 +94,8 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
     import jax
 
     from t5lite import peft
-    from t5lite.train import partitioning, trainer
+    from t5lite.mesh import partitioning
+    from t5lite.train import trainer
 
     mesh, model = _mesh_and_model(cfg, topo, devices, cfg.train.grad_accum_steps)
     tx = peft.make_optimizer(cfg, cfg.train.steps)
@@ -135,8 +138,8 @@ def _compiled_fields(cfg, topo, mesh, abstract, traced, compiled, model_flops) -
     chip = topo.chip
     text = compiled.as_text()
     hlo = hlo_cost.hlo_costs(text, chip)
-    params = memory.leaf_bytes(abstract.params)
-    opt = memory.leaf_bytes(abstract.opt_state)
+    params = advice.leaf_bytes(abstract.params)
+    opt = advice.leaf_bytes(abstract.opt_state)
     mem_bytes = memory.memory_bytes(compiled.memory_analysis())
     times = hlo_cost.roofline_seconds(hlo, chip)
     bound = max(times.values())
@@ -187,7 +190,7 @@ def _out_of_memory(cfg, topo, mesh, abstract, model_flops, msg, seconds) -> dict
     compiles; no FLOPs or time: nothing was compiled)."""
     units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
     sizes = [float(n) * units[u] for n, u in re.findall(r"([\d.]+)([KMGT])i?B?\b", msg)]
-    params, opt = memory.leaf_bytes(abstract.params), memory.leaf_bytes(abstract.opt_state)
+    params, opt = advice.leaf_bytes(abstract.params), advice.leaf_bytes(abstract.opt_state)
     total = max(int(sizes[0]) if sizes else 0, params + opt)
     temp = total - params - opt
     return dict(_step_fields(cfg, topo, mesh), **{
@@ -222,7 +225,8 @@ def _compile_decode_program(cfg, mesh, model, beams: int, samples: int, n_in: in
 
     from t5lite import peft
     from t5lite.eval import decoding
-    from t5lite.train import partitioning, trainer
+    from t5lite.mesh import partitioning
+    from t5lite.train import trainer
 
     key = jax.eval_shape(lambda: jax.random.key(0))  # outside the abstract mesh
     knobs = dict(decoding.runtime_knobs(cfg.decode), eos_id=jnp.int32(1))
@@ -270,7 +274,7 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
             "jax_topology": topo.jax_name, "chip": topo.chip.name, "chips": mesh.size,
             "mesh": dict(mesh.shape), "batch_size": cfg.data.batch_size, "input_length": n_in,
             "fits": total <= hbm, "hbm_bytes_per_chip": hbm, "headroom_bytes": hbm - total,
-            "bytes_per_chip": dict({"params": memory.leaf_bytes(abstract.params)},
+            "bytes_per_chip": dict({"params": advice.leaf_bytes(abstract.params)},
                                    **mem_bytes),
             "flops_per_chip": float(hlo["matmul_flops"]),
             "cost_analysis_flops_per_chip": float(cost.get("flops", 0.0)),

@@ -3,17 +3,6 @@ compares) and the analytic floor the shapes alone imply."""
 
 from __future__ import annotations
 
-import math
-
-
-def leaf_bytes(tree) -> int:
-    """Bytes per chip of a tree of ShapeDtypeStructs with shardings."""
-    import jax
-    n = 0
-    for x in jax.tree.leaves(tree):
-        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-        n += math.prod(shape) * x.dtype.itemsize
-    return n
 
 
 def memory_total(mem) -> int:

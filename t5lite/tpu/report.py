@@ -3,7 +3,7 @@ the step figures read from a report of any version (`step_figures`)."""
 
 from __future__ import annotations
 
-from t5lite.tpu.topology import GiB
+from t5lite.mesh.topology import GiB
 
 
 def format_report(r: dict) -> str:

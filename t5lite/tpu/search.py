@@ -7,7 +7,7 @@ import math
 
 from t5lite.errors import UserError
 from t5lite.tpu.compile import compile_step
-from t5lite.tpu.topology import GiB, Topology, abstract_devices
+from t5lite.mesh.topology import GiB, Topology, abstract_devices
 
 
 def _factorisations(chips: int, max_tensor: int = 8):

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from t5lite.errors import UserError
-from t5lite.train import partitioning
+from t5lite.mesh import partitioning
 
 
 def prepare_tasks(cfg):

@@ -20,8 +20,9 @@ from t5lite import peft, progress
 from t5lite.monitor import flops as flops_lib, goodput, profiler, writers
 from t5lite.store import checkpointing
 from t5lite.store import workdir as workdir_lib
-from t5lite.tpu import advice
-from t5lite.train import data, partitioning
+from t5lite.mesh import advice
+from t5lite.mesh import partitioning
+from t5lite.train import data
 from t5lite.train.state import create_train_state, init_params
 from t5lite.train.step import make_eval_step, make_train_step, step_flops
 

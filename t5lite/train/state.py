@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from t5lite.train import partitioning
+from t5lite.mesh import partitioning
 
 
 @flax.struct.dataclass

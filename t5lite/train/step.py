@@ -13,7 +13,8 @@ from jax.sharding import PartitionSpec as P
 from t5lite import peft
 from t5lite.models import moe
 from t5lite.monitor import flops as flops_lib
-from t5lite.train import losses, optim, partitioning
+from t5lite.mesh import partitioning
+from t5lite.train import losses, optim
 from t5lite.train.state import TrainState, init_rngs
 
 

@@ -19,7 +19,8 @@ from t5lite import peft
 from t5lite.monitor import goodput, profiler, writers
 from t5lite.store import checkpointing, set_aside, startup
 from t5lite.store import workdir as workdir_lib
-from t5lite.train import guards, partitioning
+from t5lite.mesh import partitioning
+from t5lite.train import guards
 from t5lite.train.data import (dataset_iterator, parse_skip, prepare_tasks, skip_batches,
                                train_iterator)
 from t5lite.train.loop import TrainRun, run_loop
