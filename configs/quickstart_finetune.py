@@ -30,5 +30,4 @@ def get_config():
     cfg.eval.every_steps = 200
     cfg.eval.best_metric = "sentiment/accuracy"
     cfg.eval.batch_size = 64
-    cfg.decode.max_length = 4
     return cfg

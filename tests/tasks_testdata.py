@@ -55,9 +55,12 @@ def make_data_dir(root: str) -> str:
                         target = " ".join(text.split()[:4])
                     f.write(f"{text}\t{target}\n")
     os.makedirs(os.path.join(root, "vocab"), exist_ok=True)
+    # The label words are single pieces, as in the real 8k vocabulary (a 600-piece one would
+    # spell "positive" in 7): a target is "▁" + the label + EOS, inside targets length 4.
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(docs + [" ".join(sum(labels.values(), []))] * 200), model_prefix=os.path.join(root, "vocab", "t5lite_sp8k"),
-        vocab_size=600, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+        sentence_iterator=iter(docs + [" ".join(sum(labels.values(), []))] * 200),
+        model_prefix=os.path.join(root, "vocab", "t5lite_sp8k"),
+        user_defined_symbols=sorted(set(sum(labels.values(), []))), vocab_size=600, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
         byte_fallback=True, num_threads=1, minloglevel=2)
     open(done, "w").close()
     return root

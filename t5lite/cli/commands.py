@@ -147,8 +147,14 @@ def eval_command(checkpoint: str, task: str, split: str = "validation", max_exam
     """`t5lite eval`: print a table of the task's metrics for the checkpoint."""
     from t5lite.eval import evaluation
     cfg, model, params = evaluation.load(checkpoint, overrides)
+    from t5lite import config as config_lib
     from t5lite.tasks import preflight
     preflight.check_task(task, split, cfg.data.feature_lengths)  # the user's files, lines
+    from t5lite.tasks import lengths
+    for line in lengths.check([(task, split)], cfg.data.feature_lengths, cfg.data.max_trimmed,
+                              config_lib.decode_length(cfg) if cfg.model.num_classes <= 0
+                              else 0):
+        print(f"t5lite: {line}", flush=True)
     t0 = time.time()
     metrics = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split,
                                   max_examples=max_examples)
@@ -157,7 +163,7 @@ def eval_command(checkpoint: str, task: str, split: str = "validation", max_exam
     how = (f"decode={d.method}" + (f" beams={d.beams} alpha={d.alpha}" if d.method == "beam"
                                    else "")
            + (f" num_samples={d.num_samples}" if d.method == "self_consistency" else "")
-           + f" max_length={d.max_length}")
+           + f" max_length={config_lib.decode_length(cfg)}")
     if cfg.model.num_classes > 0:
         how = "argmax of the classification head"
     print(format_table(rows, header=False))
@@ -190,7 +196,7 @@ def fewshot_command(checkpoint: str, task: str, shots: int, split: str = "valida
     answer_len = max(len(out_vocab.encode(tmpl.answer.format(label=w))) for w in words.values())
     m = cfg.model
     # the answer (+ EOS) is all that is scored or generated
-    max_new_tokens = min(cfg.decode.max_length, answer_len + 2)
+    max_new_tokens = min(cfg.decode.max_length or answer_len + 2, answer_len + 2)
     length = context_length or max(cfg.data.feature_lengths.values())
     if m.position == "learned":  # decoder-only rows: BOS + prompt + answer
         length = min(length, m.max_length - (m.architecture != "encoder_decoder")

@@ -13,7 +13,8 @@ from t5lite.config.dotted import all_keys, copy_config, get_by_path, set_by_path
 from t5lite.config.files import (
     LEGACY_VALUES, apply_overrides, available_configs, configs_dir, cpu_recipe, flatten,
     from_dict, load_config, load_editable, replace, resolve_config_path, to_dict)
-from t5lite.config.rules import check_fields, check_model, check_peft, peft_enabled, validate
+from t5lite.config.rules import (check_fields, check_model, check_peft, decode_length,
+                                 peft_enabled, validate, with_decode_length)
 from t5lite.config.schema import (
     CheckpointConfig, Config, DataConfig, DecodeConfig, ElectraConfig, EvalConfig, MeshConfig,
     ModelConfig, OptimizerConfig, PeftConfig, TrainConfig, freeze, is_frozen)
@@ -22,6 +23,7 @@ __all__ = [
     "CheckpointConfig", "Config", "DataConfig", "DecodeConfig", "ElectraConfig", "EvalConfig",
     "LEGACY_VALUES", "MeshConfig", "ModelConfig", "OptimizerConfig", "PeftConfig",
     "TrainConfig", "all_keys", "apply_overrides", "available_configs", "check_fields",
-    "check_model", "check_peft", "peft_enabled", "configs_dir", "copy_config", "cpu_recipe", "flatten",
+    "check_model", "check_peft", "peft_enabled", "configs_dir", "copy_config", "cpu_recipe",
+    "decode_length", "flatten", "with_decode_length",
     "freeze", "from_dict", "get_by_path", "is_frozen", "load_config", "load_editable",
     "replace", "resolve_config_path", "set_by_path", "to_dict", "validate"]

@@ -97,6 +97,24 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def decode_length(cfg: Config) -> int:
+    """New tokens to generate: decode.max_length, or when it is 0 (the default) the targets'
+    length, so decoding follows data.feature_lengths["targets"] unless set."""
+    n = cfg.decode.max_length or cfg.data.feature_lengths.get("targets", 0)
+    if n <= 0:
+        raise UserError("decode.max_length=0 follows data.feature_lengths['targets'], which "
+                        "this config lacks: set decode.max_length to the tokens to generate.")
+    return n
+
+
+def with_decode_length(cfg: Config) -> Config:
+    """cfg with decode.max_length resolved (decode_length); cfg itself when already set."""
+    if cfg.decode.max_length:
+        return cfg
+    from t5lite.config.files import replace
+    return replace(cfg, {"decode.max_length": decode_length(cfg)})
+
+
 def model_lengths(architecture: str, feature_lengths) -> dict:
     """{stack: the longest sequence it gets} for these task feature lengths, as the seqio
     feature converters build them (tasks/converters.py): a decoder-only or prefix LM packs

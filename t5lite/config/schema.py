@@ -47,6 +47,10 @@ class DataConfig(Section):
     # the file it was imported from, so eval / infer import that file from any directory and
     # warn when it changed (tasks/user_modules.py); unused when the counts differ
     task_module_files: tuple = ()
+    # refuse a run when more than this share of a task's sampled targets is longer than
+    # feature_lengths["targets"] (or decode.max_length): seqio would cut them, and a cut
+    # target is never predicted whole (tasks/lengths.py); 1.0 = train on cut targets
+    max_trimmed: float = setting(0.01, bounds=(0.0, 1.0))
     # training data is read as this many seqio shards (tasks/pipeline.py ShardedBatches), so a
     # run can resume on any process count that divides it or that it divides; 0 = the process
     # count of the run that started the workdir. Set it to the largest slice you may grow to.
@@ -178,7 +182,9 @@ class DecodeConfig(Section):
     # sample: keep the k most likely tokens; 0 = all
     top_k: int = setting(0, bounds=(0, None))
     top_p: float = setting(1.0, bounds=(1e-9, 1.0))  # sample: nucleus mass; 1.0 = all
-    max_length: int = setting(64, bounds=(1, None))  # new tokens per example (EOS included)
+    # new tokens per example (EOS included); 0 = data.feature_lengths["targets"], so a run
+    # whose targets are made longer decodes them whole (config.decode_length)
+    max_length: int = setting(0, bounds=(0, None))
     seed: int = setting(0, bounds=(0, None))
     # self_consistency: answers sampled per input, then majority-voted
     num_samples: int = setting(1, bounds=(1, None))

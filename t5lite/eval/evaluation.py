@@ -67,6 +67,8 @@ class Predictor:
     """Decodes / scores token lists in fixed-shape batches (one compile per program)."""
 
     def __init__(self, cfg, model, params, eos_id: int, mesh=None):
+        from t5lite import config as config_lib
+        cfg = config_lib.with_decode_length(cfg)  # 0: as long as the targets
         self.cfg, self.model, self.params, self.eos_id, self.mesh = cfg, model, params, eos_id, mesh
         arch = cfg.model.architecture
         if arch == "encoder_only":

@@ -255,8 +255,10 @@ def compile_decode(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dic
     data.batch_size rows of the inputs length (enc-dec, BERT) or targets length (decoder
     prompts). Per chip: params, temporaries (the cache), total vs HBM; FLOPs as XLA counts
     them (the token loop's body once: about prefill + one decoding step)."""
+    from t5lite import config as config_lib
     from t5lite.eval import decoding
 
+    cfg = config_lib.with_decode_length(cfg)  # 0: as long as the targets
     mesh, model = _mesh_and_model(cfg, topo, devices)
     decoding.check(cfg.decode, cfg.model)
     n_in = _decode_input_length(cfg)
