@@ -58,7 +58,8 @@ def covers(cfg, kernel: str, deterministic: bool = True, backend: Optional[str] 
     if kernel == "cudnn":
         if backend != "gpu" and CUDNN_IMPLEMENTATION == "cudnn":
             return f"cuDNN needs a CUDA GPU (this process's backend is {backend})"
-        if jnp.dtype(cfg.dtype) not in (jnp.bfloat16, jnp.float16):
+        if jnp.dtype(cfg.dtype) not in (jnp.bfloat16, jnp.float16) and \
+                CUDNN_IMPLEMENTATION == "cudnn":
             return "cuDNN attention computes in bfloat16 / float16: set model.dtype=bfloat16"
         if cfg.head_dim % 8 or cfg.head_dim > 128:
             return f"cuDNN needs head_dim a multiple of 8 up to 128 (it is {cfg.head_dim})"
