@@ -114,17 +114,17 @@ def maxtext_flops_per_chip(name: str, per_device: int) -> float:
 
 def compile_row(name: str) -> None:
     """Compile the row's train step and keep its HLO, device coordinates and report."""
-    from t5lite import config as config_lib, peft
-    from t5lite.mesh import topology
+    from t5lite import config as config_lib
+    from t5lite.mesh import partitioning, topology
     from t5lite.tpu import compile as tpu_compile, memory
-    from t5lite.mesh import partitioning
+    from t5lite.train import optim
     import jax
     topo = topology.parse_topology(ROWS[name][3])
     per_device = ROWS[name][9]
     while True:  # XLA refuses a program over HBM: halve the batch (said in the row)
         cfg = config_lib.load_config("gpt2_small", overrides(name, topo.chips, per_device))
         mesh, model = tpu_compile._mesh_and_model(cfg, topo)
-        tx = peft.make_optimizer(cfg, cfg.train.steps)
+        tx = optim.optimizer_for(cfg, cfg.train.steps)
         t0 = time.time()
         _, traced = tpu_compile.trace_train_step(cfg, mesh, model, tx)
         try:

@@ -19,6 +19,7 @@ import jax
 from t5lite import config as config_lib
 from t5lite import peft
 from t5lite.tpu import compile as tpu_compile
+from t5lite.train import optim
 from t5lite.mesh import partitioning
 
 
@@ -26,7 +27,7 @@ def step_memory(cfg, all_grads: bool = False):
     """(temp, argument) bytes of cfg's compiled train step on one device."""
     mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
     _, traced = tpu_compile.trace_train_step(cfg, mesh, peft.build_model(cfg.model),
-                                              peft.make_optimizer(cfg, cfg.train.steps),
+                                              optim.optimizer_for(cfg, cfg.train.steps),
                                               differentiate_all=all_grads)
     with partitioning.activate(mesh):
         m = traced.lower().compile().memory_analysis()

@@ -171,13 +171,13 @@ def run_ours(args) -> dict:
     from t5lite.config import MeshConfig
     from t5lite import peft
     from t5lite.mesh import partitioning
-    from t5lite.train import trainer
+    from t5lite.train import optim, trainer
     base = _rss_mib()
     cfg = make_config(args.family, args.size, args.batch, args.dropout, args.scan_unroll)
     devices = jax.devices()[:1]  # one CPU device using every core (XLA's intra-op pool)
     mesh = partitioning.make_mesh(MeshConfig(), devices)
     model = peft.build_model(cfg.model)
-    tx = peft.make_optimizer(cfg, cfg.train.steps)
+    tx = optim.optimizer_for(cfg, cfg.train.steps)
     abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
     flops = trainer.step_flops(cfg, model, mesh, abstract.params, cfg.data.batch_size)
     flops -= 3 * causal_attention_flops(cfg)

@@ -22,7 +22,7 @@ from t5lite.errors import UserError
 from t5lite.models import abstract_params
 from t5lite.peft import build_model, stack_modules
 from t5lite.mesh import partitioning
-from t5lite.train import trainer
+from t5lite.train import optim, trainer
 from numerics import assert_close_at_scale
 
 D, H, K, F, NL = 32, 4, 8, 64, 2
@@ -289,7 +289,7 @@ def full_config(arch, scan, **peft_kw):
 def run_steps(cfg, steps, batch_seed=0):
     model = build_model(cfg.model)
     mesh = partitioning.make_mesh(cfg.mesh)
-    tx = peft.make_optimizer(cfg, cfg.train.steps)
+    tx = optim.optimizer_for(cfg, cfg.train.steps)
     state, shardings = trainer.create_train_state(cfg, model, mesh, tx)
     params0 = jax.device_get(state.params)
     opt_size = sum(x.size for x in jax.tree.leaves(state.opt_state))
@@ -458,7 +458,7 @@ def _train_step_memory(cfg):
     from t5lite.tpu import compile as tpu_compile
     mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
     _, traced = tpu_compile.trace_train_step(cfg, mesh, build_model(cfg.model),
-                                              peft.make_optimizer(cfg, cfg.train.steps))
+                                              optim.optimizer_for(cfg, cfg.train.steps))
     with partitioning.activate(mesh):
         m = traced.lower().compile().memory_analysis()
     return m.temp_size_in_bytes, m.argument_size_in_bytes

@@ -54,13 +54,13 @@ def _xl_state_on_v5p_64(*sets):
     """T5 v1.1 XL's abstract train state on v5p-64's abstract devices, as the trainer builds
     it (no compile) -> (resolved mesh shape, the state)."""
     from t5lite import peft
-    from t5lite.train import trainer
+    from t5lite.train import optim, trainer
     cfg = config_lib.load_config("t5_1_1_xl", list(sets))
     mesh = partitioning.make_mesh(cfg.mesh, tpu_topology.abstract_devices(
         tpu_topology.parse_topology(cfg.mesh.topology)))
     model = peft.build_model(cfg.model)
     abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh,
-                                                  peft.make_optimizer(cfg, cfg.train.steps))
+                                                  optim.optimizer_for(cfg, cfg.train.steps))
     return dict(mesh.shape), abstract
 
 

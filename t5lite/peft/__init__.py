@@ -4,8 +4,9 @@ outside the core model.
 
 methods (which methods are on, their param names, config checks) -> modules (the model
 modules: subclasses of the core layers that build_model passes in, see modules.py for the
-param tree) -> masks (which params train) -> unfreeze (gradual unfreezing groups) ->
-optimizer (the optimizer built from both) and files (PEFT-only params dirs, merge_lora).
+param tree) -> masks (which params train) -> unfreeze (gradual unfreezing groups and the
+optax wrapper that opens them) and files (PEFT-only params dirs, merge_lora). The optimizer
+of a config wraps the masks and the unfreezing: train.optim.optimizer_for.
 """
 
 from t5lite.peft.files import (
@@ -18,14 +19,14 @@ from t5lite.peft.methods import (
 from t5lite.peft.modules import (
     MLP, Adapter, Attention, LoraDense, SoftPrompt, add_prefix, build_model, ia3_scale,
     lora_dense, prepend_prompt, prompt_param, prompted_stack, stack_modules)
-from t5lite.peft.optimizer import make_optimizer
-from t5lite.peft.unfreeze import opened_groups, total_layers, unfreeze_groups
+from t5lite.peft.unfreeze import (
+    Unfreeze, gradual_unfreeze, opened_groups, total_layers, unfreeze_groups)
 
 __all__ = [
     "ADAPTER_SUFFIX", "Adapter", "Attention", "IA3_NAMES", "LORA_NAMES", "LoraDense", "MLP",
     "PEFT_MARKER", "PREFIX_NAMES", "PROMPT_NAME", "SoftPrompt", "add_prefix", "build_model", "check",
     "count_trainable", "describe", "enabled", "grad_mask", "ia3_scale", "is_peft_param",
-    "load_peft", "lora_dense", "make_optimizer", "merge_lora", "needs_mask", "opened_groups",
+    "Unfreeze", "gradual_unfreeze", "load_peft", "lora_dense", "merge_lora", "needs_mask", "opened_groups",
     "path_str", "peft_subset", "prepend_prompt", "prompt_param", "prompted_stack", "save_peft",
     "save_with_checkpoint", "stack_modules", "total_layers", "trainable_mask",
     "unfreeze_groups"]

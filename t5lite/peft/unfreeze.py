@@ -1,11 +1,15 @@
 """Gradual unfreezing (T5 paper Sec. 3.5.1): which layer group each param belongs to and how
-many groups train at a step. The groups are data for ``optim.Unfreeze`` (the open set is
-computed inside the jitted update, so the step never recompiles)."""
+many groups train at a step, and the optax wrapper that opens them (``gradual_unfreeze``: the
+open set is computed inside the jitted update, so the step never recompiles)."""
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from t5lite.peft.masks import leaves_with_paths, path_str
 from t5lite.peft.methods import PROMPT_NAME
@@ -61,5 +65,44 @@ def total_layers(mcfg) -> int:
 def opened_groups(mcfg, step):
     """Groups < this train at optimizer step ``step`` (0-based) under gradual unfreezing
     (traceable)."""
-    from t5lite.train import optim  # t5lite.train imports this package
-    return optim.opened_groups(mcfg.peft.unfreeze_every, mcfg.peft.unfreeze_layers, step)
+    return _opened(mcfg.peft.unfreeze_every, mcfg.peft.unfreeze_layers, step)
+
+
+def _opened(every: int, layers: int, step):
+    return layers * (step // every + 1)
+
+
+class Unfreeze(NamedTuple):
+    """Gradual unfreezing as data: ``groups`` (pytree like params of int arrays broadcastable
+    to each leaf: the episode from which it trains), ``every`` (steps per episode), ``layers``
+    (groups opened per episode)."""
+
+    groups: Any
+    every: int
+    layers: int = 1
+
+
+class UnfreezeState(NamedTuple):
+    count: jax.Array
+    inner: Any
+
+
+def gradual_unfreeze(unfreeze: Unfreeze, inner: optax.GradientTransformation):
+    """Wrap ``inner`` so that only groups < opened_groups(mcfg, step) get gradients and updates
+    (exact zeros elsewhere: those params stay bit-identical). The step lives in the optimizer
+    state and the mask is computed inside the jitted update: no recompiles."""
+    groups = unfreeze.groups
+
+    def masked(tree, opened):
+        return jax.tree.map(lambda x, g: jnp.where(jnp.asarray(g) < opened, x,
+                                                   jnp.zeros_like(x)), tree, groups)
+
+    def init(params):
+        return UnfreezeState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
+
+    def update(grads, state, params=None):
+        opened = _opened(unfreeze.every, unfreeze.layers, state.count)
+        updates, inner_state = inner.update(masked(grads, opened), state.inner, params)
+        return masked(updates, opened), UnfreezeState(count=state.count + 1, inner=inner_state)
+
+    return optax.GradientTransformation(init, update)

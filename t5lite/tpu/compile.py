@@ -93,12 +93,11 @@ def _mesh_and_model(cfg, topo: Topology, devices=None, grad_accum_steps: int = 1
 def _compile(cfg, topo: Topology, devices=None) -> dict:
     import jax
 
-    from t5lite import peft
     from t5lite.mesh import partitioning
-    from t5lite.train import trainer
+    from t5lite.train import optim, trainer
 
     mesh, model = _mesh_and_model(cfg, topo, devices, cfg.train.grad_accum_steps)
-    tx = peft.make_optimizer(cfg, cfg.train.steps)
+    tx = optim.optimizer_for(cfg, cfg.train.steps)
     t0 = time.time()
     abstract, traced = trace_train_step(cfg, mesh, model, tx)
     with partitioning.activate(mesh):
@@ -223,15 +222,14 @@ def _compile_decode_program(cfg, mesh, model, beams: int, samples: int, n_in: in
     import jax
     import jax.numpy as jnp
 
-    from t5lite import peft
     from t5lite.eval import decoding
     from t5lite.mesh import partitioning
-    from t5lite.train import trainer
+    from t5lite.train import optim, trainer
 
     key = jax.eval_shape(lambda: jax.random.key(0))  # outside the abstract mesh
     knobs = dict(decoding.runtime_knobs(cfg.decode), eos_id=jnp.int32(1))
     abstract, shardings, _ = trainer.abstract_train_state(
-        cfg, model, mesh, peft.make_optimizer(cfg, cfg.train.steps))
+        cfg, model, mesh, optim.optimizer_for(cfg, cfg.train.steps))
     batch_sharding = partitioning.batch_sharding(mesh)
     replicated = partitioning.replicated(mesh)
     fn = jax.jit(functools.partial(decoding.generate_program, model, beams, samples,

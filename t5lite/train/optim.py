@@ -6,16 +6,16 @@
 - adamw: decoupled weight decay on matrices (ndim >= 2) only.
 - adamw_rms_scaled: nanoT5's AdamWScale: the Adam update times max(1e-3, RMS(param)), which
   lets AdamW use Adafactor-like learning rates (nanoT5: 2e-2 with cosine).
+A config's frozen params and gradual unfreezing (t5lite.peft) wrap it: `optimizer_for(cfg)`.
 """
 
 from __future__ import annotations
-
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from t5lite import peft
 from t5lite.errors import UserError
 
 
@@ -63,52 +63,9 @@ def decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-class Unfreeze(NamedTuple):
-    """Gradual unfreezing as data: ``groups`` (pytree like params of int arrays broadcastable
-    to each leaf: the episode from which it trains), ``every`` (steps per episode), ``layers``
-    (groups opened per episode)."""
-
-    groups: Any
-    every: int
-    layers: int = 1
-
-
-class UnfreezeState(NamedTuple):
-    count: jax.Array
-    inner: Any
-
-
-def opened_groups(every: int, layers: int, step):
-    """Groups < this train at optimizer step ``step`` (0-based) (traceable)."""
-    return layers * (step // every + 1)
-
-
-def gradual_unfreeze(unfreeze: Unfreeze, inner: optax.GradientTransformation):
-    """Wrap ``inner`` so that only groups < opened_groups(step) get gradients and updates
-    (exact zeros elsewhere: those params stay bit-identical). The step lives in the optimizer
-    state and the mask is computed inside the jitted update: no recompiles."""
-    groups = unfreeze.groups
-
-    def masked(tree, opened):
-        return jax.tree.map(lambda x, g: jnp.where(jnp.asarray(g) < opened, x,
-                                                   jnp.zeros_like(x)), tree, groups)
-
-    def init(params):
-        return UnfreezeState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
-
-    def update(grads, state, params=None):
-        opened = opened_groups(unfreeze.every, unfreeze.layers, state.count)
-        updates, inner_state = inner.update(masked(grads, opened), state.inner, params)
-        return masked(updates, opened), UnfreezeState(count=state.count + 1, inner=inner_state)
-
-    return optax.GradientTransformation(init, update)
-
-
-def make_optimizer(opt_cfg, total_steps: int, trainable_mask=None,
-                   unfreeze: Unfreeze | None = None) -> optax.GradientTransformation:
+def make_optimizer(opt_cfg, total_steps: int, trainable_mask=None) -> optax.GradientTransformation:
     """The optimizer named by opt_cfg; `trainable_mask` (pytree of bools like params) freezes the
-    False leaves: they get zero updates and no optimizer state; `unfreeze` opens parameter
-    groups one episode at a time (gradual unfreezing)."""
+    False leaves: they get zero updates and no optimizer state."""
     lr = make_schedule(opt_cfg, total_steps)
     if opt_cfg.name == "adafactor":
         tx = optax.adafactor(
@@ -133,6 +90,22 @@ def make_optimizer(opt_cfg, total_steps: int, trainable_mask=None,
     if trainable_mask is not None:
         labels = jax.tree.map(lambda t: "train" if t else "freeze", trainable_mask)
         tx = optax.multi_transform({"train": tx, "freeze": optax.set_to_zero()}, labels)
-    if unfreeze is not None:
-        tx = gradual_unfreeze(unfreeze, tx)
+    return tx
+
+
+def optimizer_for(cfg, total_steps: int, params=None, trainable=None):
+    """make_optimizer with the trainable mask and gradual unfreezing of ``cfg.model.peft``
+    (cfg: a full Config): what the trainer and `t5lite compile` step with. ``params``:
+    (abstract) params, built from the config when None and needed; ``trainable``: an explicit
+    mask overriding the config's."""
+    mcfg, p = cfg.model, cfg.model.peft
+    if params is None and ((trainable is None and peft.needs_mask(mcfg)) or p.unfreeze_every):
+        from t5lite.models import abstract_params
+        params = abstract_params(mcfg, modules=peft.stack_modules(mcfg))
+    if trainable is None:
+        trainable = peft.grad_mask(mcfg, params)
+    tx = make_optimizer(cfg.optim, total_steps, trainable)
+    if p.unfreeze_every:
+        tx = peft.gradual_unfreeze(peft.Unfreeze(peft.unfreeze_groups(mcfg, params),
+                                                 p.unfreeze_every, p.unfreeze_layers), tx)
     return tx

@@ -20,7 +20,7 @@ from t5lite.monitor import goodput, profiler, writers
 from t5lite.store import checkpointing, set_aside, startup
 from t5lite.store import workdir as workdir_lib
 from t5lite.mesh import partitioning
-from t5lite.train import guards
+from t5lite.train import guards, optim
 from t5lite.train.data import (dataset_iterator, parse_skip, prepare_tasks, skip_batches,
                                train_iterator)
 from t5lite.train.loop import TrainRun, run_loop
@@ -104,7 +104,7 @@ def _train_locked(cfg, workdir, train_iter, eval_iter_fn, mesh, trainable_mask, 
     model = peft.build_model(cfg.model)
     # PEFT / freezing (cfg.model.peft) or an explicit trainable_mask: frozen params get no
     # optimizer state; gradual unfreezing opens layers inside the jitted update
-    tx = peft.make_optimizer(cfg, cfg.train.steps, trainable=trainable_mask)
+    tx = optim.optimizer_for(cfg, cfg.train.steps, trainable=trainable_mask)
     abstract, shardings, _ = abstract_train_state(cfg, model, mesh, tx)
     ckpt = checkpointing.Checkpointer(workdir, cfg.checkpoint)
     try:  # from here on the checkpointer is closed on every path (its threads, its tracebacks)
