@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -949,6 +950,21 @@ def test_fallback_restore_exits_clean_and_goodput_counts_the_process_start(wd, d
     run = json.loads((wd / "goodput.json").read_text())["runs"][-1]
     assert run["first_step"] == 2 and abs(run["started"] - t0) < 1.0, (run, t0)
     assert run["seconds"]["startup"] > 1.0  # the imports at least
+
+
+def test_goodput_counts_from_the_command_not_the_shell_that_execed_it(wd, data_dir):
+    """`bash -c 'pip install ... && t5lite ...'` runs t5lite in the shell's own process (the
+    last command is exec'ed): the process started with the install, the command after it.
+    The wall clock the run reports starts with the command."""
+    t0 = time.time()
+    cmd = " ".join(shlex.quote(str(a)) for a in [sys.executable, "-m", "t5lite.cli",
+                                                 *train_args(wd, "--allow-config-change",
+                                                             steps=6)])
+    r = subprocess.run(["bash", "-c", f"sleep 3 && exec {cmd}"], cwd=ROOT, env=_env(data_dir),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    run = json.loads((wd / "goodput.json").read_text())["runs"][-1]
+    assert run["first_step"] == 4 and run["started"] >= t0 + 3, (run, t0)
 
 
 def test_resume_from_sets_aside_on_gcs(bucket):

@@ -9,10 +9,14 @@ Heavy imports (jax, tensorflow) happen inside the handlers, so `t5lite --help` i
 
 from __future__ import annotations
 
-import argparse
-import os
-import shutil
-import sys
+import time
+
+_IMPORTED_AT = time.time()  # the command's start: what follows is the user's wait too
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
 
 from t5lite.errors import Preempted, UserError
 
@@ -426,7 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from t5lite import clock
+    clock.mark_command_start(_IMPORTED_AT)
     _quiet_env()
+    from t5lite.store import gcs
+    gcs.configure()  # gs:// routed before any path picks its library (store/gcs.py)
     from t5lite import progress
     progress.drop_closed_event_loop_noise()  # orbax's leftovers after a fallback restore
     try:

@@ -352,6 +352,11 @@ class TrainEvaluator:
 
     def __call__(self, step: int, params) -> dict:
         t0 = time.time()
+        if self.logger is not None:  # decoding a split takes a while: never a silent wait
+            c = self.cfg
+            tasks = ", ".join(c.eval.tasks or (c.data.mixture_or_task,))
+            self.logger.info(f"step {step} eval_tasks: decoding {tasks} {c.eval.split} "
+                             f"({c.decode.method}) ...")
         # what the model produced, per eval step: eval_predictions/<task>-<step>.jsonl
         log_dir = ""
         if jax.process_index() == 0:

@@ -2,7 +2,7 @@
 restarts.
 
 Goodput = seconds spent in productive train steps / wall seconds of every process of the run.
-Badput: start-up (from the `t5lite` process's start, or from `trainer.train` for a later run of
+Badput: start-up (from the `t5lite` command's start, or from `trainer.train` for a later run of
 the process or a call from Python, to the first step: imports, init, restore), compiling the
 train step, waiting for data, checkpointing, evaluation, and steps lost to a restart (steps
 trained after the checkpoint a resumed run restarts from, computed again). The accounting is
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 import time
 
 import jax
@@ -30,30 +28,17 @@ _process_counted = []  # the first run of a `t5lite` command counts the process'
 
 
 def run_started() -> float:
-    """When this run's start-up began: for the first run of a `t5lite` command, the process's
+    """When this run's start-up began: for the first run of a `t5lite` command, the command's
     own start (importing JAX and TensorFlow, reading the config and the data are part of the
-    wall clock the user waits through); for a later run in the same process (quickstart's
-    finetuning, an ablation's next stage) or a call from Python, now."""
+    wall clock the user waits through; t5lite.clock); for a later run in the same process
+    (quickstart's finetuning, an ablation's next stage) or a call from Python, now."""
+    from t5lite import clock
     now = time.time()
-    main = os.path.normpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    command = (os.path.basename(main) == "t5lite"
-               or main.endswith(os.path.join("t5lite", "cli", "__main__.py")))
-    if not command or _process_counted:
+    began = clock.command_start()
+    if began is None or _process_counted:
         return now
     _process_counted.append(True)
-    began = _process_start()
-    return began if began is not None and began <= now else now
-
-
-def _process_start() -> float | None:
-    """This process's start in epoch seconds (Linux: /proc, to 10 ms), or None if unknown."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - age
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
+    return began if began <= now else now
 
 
 class RunClock:

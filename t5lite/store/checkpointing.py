@@ -132,6 +132,8 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
+        if self.manager.is_saving_in_progress() and jax.process_index() == 0:
+            print("t5lite: waiting for the last checkpoint's writes to finish ...", flush=True)
         self.manager.wait_until_finished()
         self.manager.close()
 
