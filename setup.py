@@ -44,7 +44,7 @@ setup(
         # Every apache-beam release caps protobuf below 7, and sentencepiece 0.2.3's generated
         # code refuses a protobuf older than 7.36 at import (0.2.2's loads on 6.x), so this
         # extra moves protobuf to 6.33 and sentencepiece to 0.2.2 (and pyarrow, pillow): give
-        # the Beam job its own environment (README "Caching at scale").
+        # the Beam job its own environment (data/README.md, "Data at pod scale").
         "beam": ["apache-beam[gcp]==2.77.0", "sentencepiece==0.2.2"],
         "test": [
             # libtpu: tests/test_compile.py compiles for abstract TPU slices on the CPU host

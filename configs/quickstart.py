@@ -1,6 +1,6 @@
 """Quickstart pretraining: T5 v1.1 tiny, span corruption on the local corpus, 8k vocabulary.
 
-300 steps (what it measured: README's quickstart section):
+300 steps (what it measured: bench/RESULTS.md, "Quickstart and the end-to-end runs"):
     t5lite train --config configs/quickstart.py --workdir runs/quickstart
 The corpus and the SentencePiece vocabulary are built on first use (train.prepare_data).
 """

@@ -1,5 +1,6 @@
-"""How a user registers tasks in their own module (the README snippet). Import it, then use
-the names in a config: data.mixture_or_task="my_reviews" or "my_corpus_denoising"."""
+"""How a user registers tasks in their own module (the snippet in t5lite/tasks/README.md).
+Import it, then use the names in a config: data.mixture_or_task="my_reviews" or
+"my_corpus_denoising"."""
 import functools
 import os
 

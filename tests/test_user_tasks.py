@@ -1,4 +1,4 @@
-"""A user's own task module (README "Data and tasks"): every mistake in it or its data is one
+"""A user's own task module (t5lite/tasks/README.md): every mistake in it or its data is one
 line and exit 2, found before compiling and with nothing written (an earlier run's workdir stays
 byte-identical); `tasks show / list --task-module`; the module's file and hash saved with the
 run, so eval works from another directory; infer's prefix warning; the JSONL reader."""
