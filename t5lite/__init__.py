@@ -3,4 +3,3 @@
 __version__ = "0.1.0"
 
 from t5lite.errors import UserError  # noqa: F401
-from t5lite.store import gcs as _gcs  # noqa: E402,F401 - picks gs:// libraries before any use

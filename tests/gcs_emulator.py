@@ -10,7 +10,7 @@ itself, logging errors only, to a file.
 
 Clients reach it only through their documented settings: STORAGE_EMULATOR_HOST
 (google-cloud-storage, gcsfs), TENSORSTORE_GCS_HTTP_URL (tensorstore), both set by
-t5lite.store.gcs.configure() from the first. The GCE metadata addresses point at a closed
+t5lite.store.gcs.configure() (the CLI and every gs:// entry call it). The GCE metadata addresses point at a closed
 loopback port, so a client that looks for credentials fails at once and nothing leaves the
 machine.
 """

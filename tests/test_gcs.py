@@ -27,9 +27,11 @@ def emulator():
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update(server.env())
     import fsspec.config
-    import gcsfs
     had_conf = "gcs" in fsspec.config.conf
-    gcs.configure()  # what t5lite.store's import does in a process started with these
+    # what the CLI does at start (and paths.abspath of a gs:// path): before gcsfs is
+    # imported, which reads GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT then
+    gcs.configure()
+    import gcsfs
     gcs.client.cache_clear()
     gcsfs.GCSFileSystem.clear_instance_cache()
     yield server

@@ -34,9 +34,11 @@ def emulator_url() -> str:
 
 
 def configure() -> None:
-    """Route gs:// as the module docstring says. Runs at import of t5lite (t5lite.store), before
-    epath picks a backend for a gs:// path (it caches the choice) and before gcsfs is imported
-    (it reads its flag then). Settings already in the environment win."""
+    """Route gs:// as the module docstring says; idempotent. Called by the entry points that
+    reach gs:// (the CLI's main, `paths.abspath` of a gs:// path, this module's object
+    operations), before epath picks a backend for a gs:// path (it caches the choice) and
+    before gcsfs is imported (it reads its flag then); never at import. Settings already in
+    the environment win."""
     os.environ.setdefault("EPATH_USE_TF", "false")
     # gcsfs's zonal-bucket probe is a gRPC call per bucket that an emulator cannot answer
     # (a minute's timeout each); t5lite writes no zonal-only features
@@ -65,6 +67,7 @@ def split(url) -> tuple[str, str]:
 @functools.lru_cache(maxsize=1)
 def client():
     """A google-cloud-storage client: the VM's credentials, or anonymous on an emulator."""
+    configure()
     from google.cloud import storage
     return storage.Client()
 
@@ -159,6 +162,7 @@ def append(url, data: bytes, attempts: int = 5) -> None:
 
 def move(src, dst) -> None:
     """A gs:// object or folder -> dst (copies, then deletes: GCS renames nothing)."""
+    configure()
     import fsspec
     fsspec.filesystem("gs").mv(os.fspath(src), os.fspath(dst), recursive=True)
 
@@ -171,6 +175,7 @@ def staged_upload(remote: str):
     """A local temp folder whose files are copied to `remote` (a flat gs:// folder) when the
     block ends without error: for writers that reach GCS only through TensorFlow's own
     filesystem (tf.train.Checkpoint)."""
+    configure()
     from etils import epath
     local = tempfile.mkdtemp(prefix="t5lite-gcs-")
     try:
@@ -188,6 +193,7 @@ def staged_download(remote: str, names_only: bool = False):
     """A local temp copy of the flat gs:// folder `remote` (missing: an empty folder), for
     readers that reach GCS only through TensorFlow's filesystem. names_only: one level of
     subfolders deep, empty files with the remote names (for a reader that only lists)."""
+    configure()
     from etils import epath
     local = tempfile.mkdtemp(prefix="t5lite-gcs-")
     try:

@@ -6,10 +6,15 @@ import os
 
 from etils import epath
 
+from t5lite.store import gcs
+
 
 def abspath(path: str) -> str:
     """Absolute local path; URLs (gs://bucket/dir) unchanged. Workdirs may be either, so file
-    I/O here goes through epath (orbax, tf.train.Checkpoint take both), never os / open()."""
+    I/O here goes through epath (orbax, tf.train.Checkpoint take both), never os / open().
+    A gs:// path routes gs:// first (gcs.configure): every run's workdir passes here."""
+    if gcs.is_gcs(path):
+        gcs.configure()
     return path if "://" in path else os.path.abspath(path)
 
 
