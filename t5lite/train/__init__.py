@@ -1,1 +1,2 @@
-"""Training: mesh and sharding rules, optimizer, losses, the jitted step and the loop around it."""
+"""Training: optimizer, losses, the jitted step and the loop around it (the mesh and its sharding
+rules: t5lite.mesh)."""
