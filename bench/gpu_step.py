@@ -128,13 +128,13 @@ def run_t5lite(args) -> dict:
     from t5lite.config import MeshConfig
     from t5lite.mesh import partitioning, topology
     from t5lite.models import gpu_attention
-    from t5lite.train import trainer
+    from t5lite.train import optim, trainer
     base = _rss_mib()
     cfg = make_config(args.case, args.smoke, args.attention_kernel)
     device = jax.devices()[0]
     mesh = partitioning.make_mesh(MeshConfig(), [device])
     model = peft.build_model(cfg.model)
-    tx = peft.make_optimizer(cfg, cfg.train.steps)
+    tx = optim.optimizer_for(cfg, cfg.train.steps)
     abstract, _, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
     flops = trainer.step_flops(cfg, model, mesh, abstract.params, cfg.data.batch_size)
     flops -= 3 * causal_attention_flops(cfg)
