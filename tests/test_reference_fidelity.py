@@ -225,3 +225,106 @@ def test_wmt_from_scratch_warms_up_over_20k_steps():
     assert (o.schedule, o.learning_rate, o.warmup_steps) == ("constant", 5e-4, 20000)
     lr = make_schedule(o, wmt.cfg.train.steps)
     assert float(lr(9999)) == pytest.approx(2.5e-4) and float(lr(30000)) == pytest.approx(5e-4)
+
+
+# ------------------------------------------------------------------ 6. vocabulary
+
+
+def test_modifications_read_narang_et_als_english_vocabulary_at_paper_scale():
+    """transformer_modifications tasks.py :34 / :40-41: every task of the paper's code reads
+    gs://t5-data/vocabs/cc_en.32000 with 100 extra ids, but WMT (:35, a 37k one not public)."""
+    pre, fts = paper_plan(tasks=("super_glue", "xsum", "web_questions", "wmt_ende_scratch"))
+    assert pre.cfg.data.paper_vocabulary == "cc_en"
+    assert {ft.task: ft.cfg.data.paper_vocabulary for ft in fts} == {
+        "super_glue": "cc_en", "xsum": "cc_en", "web_questions": "cc_en",
+        "wmt_ende_scratch": "t5"}
+    _, (glue,) = paper_plan("encdec_denoising", ("glue",), "table2")
+    assert glue.cfg.data.paper_vocabulary == "t5"  # the T5 paper's tables: cc_all
+
+
+def test_the_vocabulary_leaves_the_step_key():
+    from t5lite.ablations.estimation import step_key
+    pre, _ = paper_plan()
+    other = dataclasses.replace(pre.cfg, data=dataclasses.replace(pre.cfg.data,
+                                                                  paper_vocabulary="t5"))
+    assert step_key(other) == step_key(pre.cfg)
+
+
+def test_cc_en_is_read_from_its_url_at_first_use_and_says_so_when_it_cannot_be(monkeypatch):
+    import seqio.vocabularies
+    import tensorflow as tf
+    from t5lite.tasks import vocabularies
+    assert vocabularies.CC_EN_PATH == "gs://t5-data/vocabs/cc_en.32000/sentencepiece.model"
+    opened = []
+
+    def refuse(path, mode="r"):
+        opened.append(path)
+        raise tf.errors.PermissionDeniedError(None, None, "no credentials here")
+
+    monkeypatch.setattr(seqio.vocabularies.tf.io.gfile, "GFile", refuse)  # seqio's reader
+    vocab = vocabularies.RemoteSentencePieceVocabulary(vocabularies.CC_EN_PATH, 100)
+    assert opened == []  # building it (registering the tasks) reads nothing
+    with pytest.raises(UserError, match="cc_en.32000/sentencepiece.model"):
+        vocab.encode("hello")
+    assert opened == [vocabularies.CC_EN_PATH]
+    assert vocabularies.get_vocabulary("cc_en").sentencepiece_model_file == \
+        vocabularies.CC_EN_PATH
+
+
+def test_paper_tasks_take_the_configs_vocabulary():
+    import seqio
+    from t5lite.tasks import builtin, vocabularies
+    try:
+        builtin.use_paper_vocabulary("cc_en")
+        for name in ("c4_span_corruption", "paper_xsum", "paper_super_glue_boolq"):
+            vocab = seqio.get_mixture_or_task(name).output_features["targets"].vocabulary
+            assert vocab.sentencepiece_model_file == vocabularies.CC_EN_PATH, name
+        member = seqio.get_mixture_or_task("paper_super_glue").tasks[0]
+        assert member.output_features["targets"].vocabulary == vocabularies.get_vocabulary(
+            "cc_en")  # the mixture holds the new tasks
+    finally:
+        builtin.use_paper_vocabulary("t5")
+    vocab = seqio.get_mixture_or_task("paper_xsum").output_features["targets"].vocabulary
+    assert vocab == vocabularies.get_vocabulary("t5")
+
+
+# ------------------------------------------------------------------ 9. Adam, held-out loss
+
+
+def test_mesh_tf_adam_has_no_bias_correction():
+    """mesh_tensorflow/optimize.py AdamWeightDecayOptimizer.apply_grad (:171-186): m and v
+    from zero, update = lr * m / (sqrt(v) + eps), no 1 - b^t; optax's adamw divides by it."""
+    from t5lite.config import OptimizerConfig
+    from t5lite.train.optim import make_optimizer
+    kw = dict(name="adamw", learning_rate=1e-3, schedule="constant", warmup_steps=0,
+              eps=1e-6, weight_decay=0.0)
+    params = {"w": jnp.ones((3, 2))}
+    grads = [{"w": jnp.array([[0.5, -2.0], [1e-3, 3.0], [-0.1, 0.0]])},
+             {"w": jnp.array([[0.1, 1.0], [2.0, -3.0], [0.2, 0.5]])}]
+    tx = make_optimizer(OptimizerConfig(bias_correction=False, **kw), 10)
+    state, m, v = tx.init(params), 0.0, 0.0
+    for g in grads:
+        g = np.asarray(g["w"], np.float64)
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g ** 2
+        upd, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, state, params)
+        np.testing.assert_allclose(upd["w"], -1e-3 * m / (np.sqrt(v) + 1e-6), rtol=1e-5)
+    first, _ = make_optimizer(OptimizerConfig(**kw), 10).update(grads[0], tx.init(params),
+                                                                params)
+    g = np.asarray(grads[0]["w"])
+    np.testing.assert_allclose(first["w"], -1e-3 * g / (np.abs(g) + 1e-6), rtol=1e-4)
+    with pytest.raises(UserError, match="bias_correction"):
+        make_optimizer(OptimizerConfig(bias_correction=False), 10)
+
+
+def test_rezero_and_fixup_train_without_bias_correction():
+    for row in ("rezero", "rezero_layer_norm", "rezero_rms_norm", "fixup"):
+        pre, fts = paper_plan(row)
+        assert not pre.cfg.optim.bias_correction and not fts[0].cfg.optim.bias_correction
+    assert paper_plan()[0].cfg.optim.bias_correction  # Adafactor rows: untouched
+
+
+def test_pretraining_losses_read_the_reference_perplexity_evals_100_batches():
+    """mesh_tensorflow/transformer/utils.py run(perplexity_eval_steps=100) :2649 at the
+    pretraining batch (128 x 512): 12,800 held-out sequences, not configs/quickstart's 4."""
+    pre, _ = paper_plan()
+    assert (pre.cfg.train.eval_steps, pre.cfg.data.batch_size) == (100, 128)

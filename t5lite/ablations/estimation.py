@@ -23,12 +23,14 @@ OFFLINE = ("offline",)
 
 # Config fields no compiled train step reads: the task's name and data source, the number of
 # steps and of warm-up steps (constants of the learning-rate schedule: the same program and
-# cost), logging, checkpoints, evaluation, decoding, the initializers (initial values only).
+# cost), logging, checkpoints, evaluation, decoding, the initializers (initial values only),
+# the vocabulary of the paper's tasks (the same ids: model.vocab_size shapes the step).
 # Finetuning stages alike in everything else (SuperGLUE, WebQuestions and WMT at paper scale:
 # batch 128 x (512, 512)) share one compile.
 _NOT_IN_STEP = {"": ("name", "checkpoint", "eval", "decode"),
                 "data": ("mixture_or_task", "seed", "shuffle", "data_dir", "tfds_data_dir",
-                         "cache_dir", "use_cached", "train_split", "eval_split"),
+                         "cache_dir", "use_cached", "train_split", "eval_split",
+                         "paper_vocabulary"),
                 "train": ("steps", "log_every", "eval_every", "eval_steps", "prepare_data",
                           "profile_steps", "wandb_project", "wandb_entity", "wandb_mode"),
                 "optim": ("warmup_steps",),

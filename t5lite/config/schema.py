@@ -63,6 +63,10 @@ class DataConfig(Section):
     # gs:// bucket for a pod (every host reads it in place); "" = $TFDS_DATA_DIR or
     # ~/tensorflow_datasets (tasks/tfds_dir.py)
     tfds_data_dir: str = ""
+    # the vocabulary of the `--scale paper` tasks (C4 and the paper benchmarks from TFDS:
+    # tasks/builtin.py register_paper): t5 (T5's cc_all 32k), or cc_en (Narang et al.'s
+    # English-only 32k, read from gs://t5-data at first use: tasks/vocabularies.py)
+    paper_vocabulary: str = setting("t5", choices=("t5", "cc_en"))
 
 
 @dataclasses.dataclass
@@ -79,6 +83,12 @@ class OptimizerConfig(Section):
     b1: float = setting(0.9, bounds=(0.0, 1.0))
     b2: float = setting(0.999, bounds=(0.0, 1.0))
     eps: float = setting(1e-8, bounds=(0.0, None))
+    # adamw / adamw_rms_scaled: divide Adam's moments by 1 - b1^t and 1 - b2^t (Kingma & Ba; optax's adamw).
+    # False: Mesh TF's AdamWeightDecayOptimizer (mesh_tensorflow/optimize.py :171-174,
+    # update = m / (sqrt(v) + eps) from the raw moments), what Narang et al.'s ReZero / Fixup
+    # rows trained with. Its steps are optax's times (1 - b1^t) / sqrt(1 - b2^t): 3.2x at the
+    # first, 6.6x at the 12th, 1.26x at the 1,000th, 1.01x at the 4,000th
+    bias_correction: bool = True
     clip_grad_norm: float = setting(0.0, bounds=(0.0, None))  # 0 = off
     # floor for cosine / linear decay
     min_lr_ratio: float = setting(0.0, bounds=(0.0, 1.0))

@@ -404,8 +404,9 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     decoding.check(cfg.decode)
     from t5lite import dataprep
     dataprep.use_data_dir(cfg.data.data_dir)
-    from t5lite.tasks import pipeline, tfds_dir
+    from t5lite.tasks import builtin, pipeline, tfds_dir
     tfds_dir.use_tfds_data_dir(cfg.data.tfds_data_dir)
+    builtin.use_paper_vocabulary(cfg.data.paper_vocabulary)
     pipeline.import_task_modules(cfg.data.task_modules, cfg.data.task_module_files)
     return cfg, peft.build_model(cfg.model), params
 

@@ -48,15 +48,29 @@ def register_mixture(spec: task_catalog.MixtureSpec) -> None:
                               temperature=spec.temperature)
 
 
+# the vocabulary the `--scale paper` tasks are registered with now
+_PAPER_VOCABULARY = {"name": ""}
+
+
 def register_paper(vocabulary: str = "t5") -> None:
     """The `--scale paper` tasks (C4 and the paper's benchmarks from TFDS) with ``vocabulary``,
-    and their mixtures. Nothing is read until a dataset is built."""
+    and their mixtures (registered again: a seqio mixture holds its tasks' objects). Nothing is
+    read until a dataset is built."""
     for spec in task_catalog.task_specs():
         if spec.paper:
             register_task(spec, vocabulary)
     for mixture in task_catalog.mixture_specs():
         if mixture.paper:
             register_mixture(mixture)
+    _PAPER_VOCABULARY["name"] = vocabulary
+
+
+def use_paper_vocabulary(vocabulary: str) -> None:
+    """data.paper_vocabulary: the `--scale paper` tasks of this process with ``vocabulary``,
+    registered again only when they have another (training and evaluation call it with their
+    config's, so one process running several configs reads each with its own)."""
+    if _PAPER_VOCABULARY["name"] != vocabulary:
+        register_paper(vocabulary)
 
 
 def register() -> None:

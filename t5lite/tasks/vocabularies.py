@@ -5,6 +5,8 @@
 - t5: the real T5 32k SentencePiece + 100 sentinels = 32,100 ids (the T5 checkpoints' 32,128
   rows include 28 unused ones).
 - gpt2: GPT-2's byte-level BPE (50,257 ids, eos = <|endoftext|> 50256) through tiktoken.
+- cc_en: Narang et al. 2021's English-only 32k SentencePiece + 100 sentinels (the
+  transformer_modifications tasks' vocabulary), read from its gs://t5-data URL at first use.
 - bert: BERT uncased WordPiece (30,522 ids) through tensorflow_text.BertTokenizer; eos is
   [SEP]; cls_id / sep_id / mask_id are exposed for the BERT objectives.
 
@@ -54,6 +56,32 @@ class LocalSentencePieceVocabulary(seqio.SentencePieceVocabulary):
 
     def __hash__(self):
         return hash((self._rel_path, self.extra_ids))
+
+
+# Narang et al. 2021's vocabulary: google-research transformer_modifications/
+# transformer_modifications/tasks.py :34 (EN_VOCAB_SPM_PATH), with 100 extra ids (:40-41,
+# EN_VOCAB_EXTRA_100) for every task the paper pretrains and finetunes on but WMT (:35, a 37k
+# one that "only resides in CNS")
+CC_EN_PATH = "gs://t5-data/vocabs/cc_en.32000/sentencepiece.model"
+
+
+class RemoteSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+    """seqio's SentencePieceVocabulary for a model file at a URL (gs://), read with
+    tf.io.gfile at first use, as C4 is (never at import or construction: tasks register it
+    with no network); a UserError naming the URL when it cannot be read."""
+
+    def _model_context(self):
+        if self._model is None:
+            try:
+                return super()._model_context()
+            except Exception as e:  # noqa: BLE001 - tf.io.gfile raises many error types
+                detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise UserError(
+                    f"cannot read the SentencePiece vocabulary {self._sentencepiece_model_file}"
+                    f" ({type(e).__name__}: {detail}); it is read from there at run time: "
+                    "run where gs://t5-data is reachable, or set data.paper_vocabulary=t5."
+                ) from None
+        return super()._model_context()
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -239,7 +267,7 @@ class BertVocabulary(seqio.Vocabulary):
         return hash("bert")
 
 
-VOCABULARIES = ("t5lite_sp8k", "t5", "gpt2", "bert")
+VOCABULARIES = ("t5lite_sp8k", "t5", "cc_en", "gpt2", "bert")
 
 
 @functools.lru_cache(maxsize=None)
@@ -252,6 +280,8 @@ def get_vocabulary(name: str, extra_ids: Optional[int] = None) -> seqio.Vocabula
     if name == "t5":
         return LocalSentencePieceVocabulary("vocab/t5_spiece.model", "vocab_t5",
                                             100 if extra_ids is None else extra_ids)
+    if name == "cc_en":
+        return RemoteSentencePieceVocabulary(CC_EN_PATH, 100 if extra_ids is None else extra_ids)
     if name == "gpt2":
         return GPT2Vocabulary(extra_ids or 0)
     if name == "bert":

@@ -23,8 +23,9 @@ def prepare_tasks(cfg):
     if cfg.train.prepare_data:
         # every process (hosts may have local disks); a file lock serialises shared ones
         dataprep.ensure_prepared(cfg.train.prepare_data, cfg.data.data_dir)
-    from t5lite.tasks import pipeline, tfds_dir
+    from t5lite.tasks import builtin, pipeline, tfds_dir
     tfds_dir.use_tfds_data_dir(cfg.data.tfds_data_dir)
+    builtin.use_paper_vocabulary(cfg.data.paper_vocabulary)
     files = pipeline.import_task_modules(cfg.data.task_modules)
     task = pipeline.get_mixture_or_task(cfg.data.mixture_or_task)
     for name, feat in task.output_features.items():

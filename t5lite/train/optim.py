@@ -3,7 +3,8 @@
 - adafactor: T5's optimizer: factored second moments, update clipping at RMS 1.0, updates
   scaled by the parameter's RMS (min 1e-3), no momentum, decay rate 0.8; used with the rsqrt
   schedule (T5: peak 1e-2, warmup 10k = 1/sqrt(max(step, 1e4))).
-- adamw: decoupled weight decay on matrices (ndim >= 2) only.
+- adamw: decoupled weight decay on matrices (ndim >= 2) only; with optim.bias_correction=False
+  Mesh TF's AdamWeightDecayOptimizer (no bias correction of the moments).
 - adamw_rms_scaled: nanoT5's AdamWScale: the Adam update times max(1e-3, RMS(param)), which
   lets AdamW use Adafactor-like learning rates (nanoT5: 2e-2 with cosine).
 A config's frozen params and gradual unfreezing (t5lite.peft) wrap it: `optimizer_for(cfg)`.
@@ -63,10 +64,44 @@ def decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def scale_by_adam_uncorrected(b1: float, b2: float, eps: float
+                              ) -> optax.GradientTransformation:
+    """Adam's direction from its raw moments, as Mesh TF's AdamWeightDecayOptimizer
+    (mesh_tensorflow/optimize.py :171-174): m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+    update = m / (sqrt(v) + eps), with no division by 1 - b^t (optax's scale_by_adam has no
+    switch for it). Its state is optax's ScaleByAdamState: the same tree as with the
+    correction."""
+    def init(params):
+        return optax.ScaleByAdamState(jnp.zeros([], jnp.int32),
+                                      jax.tree.map(jnp.zeros_like, params),
+                                      jax.tree.map(jnp.zeros_like, params))
+
+    def update(updates, state, params=None):
+        del params
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+        out = jax.tree.map(lambda m, v, g: (m / (jnp.sqrt(v) + eps)).astype(g.dtype),
+                           mu, nu, updates)
+        return out, optax.ScaleByAdamState(optax.safe_increment(state.count), mu, nu)
+
+    return optax.GradientTransformation(init, update)
+
+
+def _adam(opt_cfg) -> optax.GradientTransformation:
+    """Adam's scaling: optax's (bias-corrected) or Mesh TF's (optim.bias_correction=False)."""
+    if opt_cfg.bias_correction:
+        return optax.scale_by_adam(b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps)
+    return scale_by_adam_uncorrected(opt_cfg.b1, opt_cfg.b2, opt_cfg.eps)
+
+
 def make_optimizer(opt_cfg, total_steps: int, trainable_mask=None) -> optax.GradientTransformation:
     """The optimizer named by opt_cfg; `trainable_mask` (pytree of bools like params) freezes the
     False leaves: they get zero updates and no optimizer state."""
     lr = make_schedule(opt_cfg, total_steps)
+    if not opt_cfg.bias_correction and opt_cfg.name == "adafactor":
+        raise UserError("optim.bias_correction=False is Adam's (Mesh TF's "
+                        "AdamWeightDecayOptimizer): set optim.name=adamw, or leave it True "
+                        "with adafactor.")
     if opt_cfg.name == "adafactor":
         tx = optax.adafactor(
             learning_rate=lr, min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0,
@@ -74,11 +109,13 @@ def make_optimizer(opt_cfg, total_steps: int, trainable_mask=None) -> optax.Grad
             eps=1e-30, factored=True,
             weight_decay_rate=opt_cfg.weight_decay or None, weight_decay_mask=decay_mask)
     elif opt_cfg.name == "adamw":
-        tx = optax.adamw(lr, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
-                         weight_decay=opt_cfg.weight_decay, mask=decay_mask)
+        # optax.adamw's own chain, with the Adam scaling chosen by optim.bias_correction
+        tx = optax.chain(_adam(opt_cfg),
+                         optax.add_decayed_weights(opt_cfg.weight_decay, mask=decay_mask),
+                         optax.scale_by_learning_rate(lr))
     elif opt_cfg.name == "adamw_rms_scaled":
         tx = optax.chain(
-            optax.scale_by_adam(b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps),
+            _adam(opt_cfg),
             optax.scale_by_param_block_rms(min_scale=1e-3),
             optax.add_decayed_weights(opt_cfg.weight_decay, mask=decay_mask),
             optax.scale_by_learning_rate(lr))
