@@ -12,9 +12,10 @@ changed one; config files build theirs by assignment on ``load_editable(name)`` 
 from t5lite.config.dotted import all_keys, copy_config, get_by_path, set_by_path
 from t5lite.config.files import (
     LEGACY_VALUES, apply_overrides, available_configs, configs_dir, cpu_recipe, flatten,
-    from_dict, load_config, load_editable, replace, resolve_config_path, to_dict)
+    from_dict, load_config, load_editable, replace, resolve_config_path, to_dict,
+    with_decode_length)
 from t5lite.config.rules import (check_fields, check_model, check_peft, decode_length,
-                                 peft_enabled, validate, with_decode_length)
+                                 peft_enabled, validate)
 from t5lite.config.schema import (
     CheckpointConfig, Config, DataConfig, DecodeConfig, ElectraConfig, EvalConfig, MeshConfig,
     ModelConfig, OptimizerConfig, PeftConfig, TrainConfig, freeze, is_frozen)

@@ -13,7 +13,7 @@ import typing
 
 from t5lite.config import python_files
 from t5lite.config.dotted import copy_config, set_by_path
-from t5lite.config.rules import validate
+from t5lite.config.rules import decode_length, validate
 from t5lite.config.schema import SECTION_PATHS, Config, UnknownKeyError, unknown_key
 from t5lite.errors import UserError
 
@@ -180,3 +180,11 @@ def flatten(d: dict) -> dict:
     from flax import traverse_util  # here: importing flax (and jax) would slow `t5lite models`
     return traverse_util.flatten_dict(
         d, sep=".", is_leaf=lambda path, _: bool(path) and path[-1] == "feature_lengths")
+
+
+def with_decode_length(cfg: Config) -> Config:
+    """cfg with decode.max_length resolved (rules.decode_length: 0 follows the targets
+    length); cfg itself when already set."""
+    if cfg.decode.max_length:
+        return cfg
+    return replace(cfg, {"decode.max_length": decode_length(cfg)})

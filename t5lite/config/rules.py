@@ -107,14 +107,6 @@ def decode_length(cfg: Config) -> int:
     return n
 
 
-def with_decode_length(cfg: Config) -> Config:
-    """cfg with decode.max_length resolved (decode_length); cfg itself when already set."""
-    if cfg.decode.max_length:
-        return cfg
-    from t5lite.config.files import replace
-    return replace(cfg, {"decode.max_length": decode_length(cfg)})
-
-
 def model_lengths(architecture: str, feature_lengths) -> dict:
     """{stack: the longest sequence it gets} for these task feature lengths, as the seqio
     feature converters build them (tasks/converters.py): a decoder-only or prefix LM packs
