@@ -1,5 +1,5 @@
-"""The third journey as a newcomer meets it: their own generative task, registered as README's
-"Data and tasks" shows and trained with README's exact command.
+"""The third journey as a newcomer meets it: their own generative task, registered as
+t5lite/tasks/README.md shows and trained with README's exact command ("Your own task").
 
 README's command inherits quickstart_finetune's lengths (targets 4: sentiment's labels). A
 task whose targets are longer used to train on cut targets without a word (task accuracy 0.00,
