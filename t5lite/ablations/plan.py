@@ -226,7 +226,7 @@ def eval_checkpoint(stage: Stage) -> str:
 
 def eval_overrides(ft: Stage) -> list[str]:
     """Evaluating multi-task params on a task: decode as that task's finetuning would."""
-    return [f"decode.max_length={ft.cfg.decode.max_length}",
+    return [f"decode.max_length={config_lib.decode_length(ft.cfg)}",
             f"eval.batch_size={ft.cfg.eval.batch_size}"]
 
 
