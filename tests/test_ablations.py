@@ -567,7 +567,8 @@ def test_paper_scale_row_end_to_end_on_tfds_fixtures(data_dir, tmp_path):
             "pretrain.train.eval_every=0", "pretrain.train.eval_steps=0",
             "finetune.data.feature_lengths={'inputs': 64, 'targets': 16}",
             "finetune.train.steps=4", "finetune.checkpoint.every_steps=2",
-            "finetune.train.eval_steps=0", "finetune.decode.max_length=8"]).values()
+            "finetune.train.eval_steps=0", "finetune.decode.max_length=8",
+            "data.paper_vocabulary=t5lite_sp8k", "data.max_trimmed=1.0"]).values()
     finally:
         seqio.set_tfds_data_dir_override(None)
         ablation_tasks.register_paper("t5")

@@ -125,6 +125,7 @@ def test_tfds_data_dir_setting_reaches_the_tfds_tasks(c4_tfds):
     cfg.data.mixture_or_task = "c4_span_corruption"
     cfg.data.tfds_data_dir = c4_tfds
     cfg.model.vocab_size = 8192
+    cfg.data.paper_vocabulary = "t5lite_sp8k"  # as the fixture registered them
     train_data.prepare_tasks(cfg)
     batch = next(pipeline.get_dataset("c4_span_corruption", {"inputs": 32, "targets": 8},
                                       "encoder_decoder", 2, pack=False).as_numpy_iterator())

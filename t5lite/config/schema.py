@@ -64,9 +64,10 @@ class DataConfig(Section):
     # ~/tensorflow_datasets (tasks/tfds_dir.py)
     tfds_data_dir: str = ""
     # the vocabulary of the `--scale paper` tasks (C4 and the paper benchmarks from TFDS:
-    # tasks/builtin.py register_paper): t5 (T5's cc_all 32k), or cc_en (Narang et al.'s
-    # English-only 32k, read from gs://t5-data at first use: tasks/vocabularies.py)
-    paper_vocabulary: str = setting("t5", choices=("t5", "cc_en"))
+    # tasks/builtin.py register_paper): t5 (T5's cc_all 32k), cc_en (Narang et al.'s
+    # English-only 32k, read from gs://t5-data at first use: tasks/vocabularies.py), or
+    # t5lite_sp8k (the local 8k one: a paper-scale run rehearsed on TFDS fixtures, the tests)
+    paper_vocabulary: str = setting("t5", choices=("t5", "cc_en", "t5lite_sp8k"))
 
 
 @dataclasses.dataclass

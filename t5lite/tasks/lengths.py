@@ -67,6 +67,8 @@ def measure(name: str, split: str, feature_lengths: Mapping[str, int]) -> list[d
     from t5lite import dataprep
     out = []
     for task in seqio.get_subtasks(get_mixture_or_task(name)):
+        if split not in task.splits:  # a mixture member without it: the mixture reads none
+            continue
         lengths = _measured(task.name, split, dataprep.data_dir())
         if lengths is None:
             continue
