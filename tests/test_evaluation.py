@@ -104,7 +104,9 @@ def _greedy_is_its_own_likelihood(checkpoint, texts):
     pred = evaluation.Predictor(cfg, model, params, eos_id=1)
     ids = [list(in_vocab.encode(t)) + [1] * add_eos for t in texts]
     rows, scores = pred.predict(ids)
-    targets = [pred.strip(r) + ([1] if 1 in r else []) for r in rows]
+    # the decoded ids up to EOS, as generated (a 0 an undertrained model emits included)
+    targets = [[int(t) for t in r][:list(r).index(1) + 1] if 1 in r else [int(t) for t in r]
+               for r in rows]
     np.testing.assert_allclose(pred.score(ids, targets), scores, atol=1e-3)
     assert all(s < 0 for s in scores)
 

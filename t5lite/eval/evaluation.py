@@ -44,9 +44,11 @@ def score_batch(architecture: str, inputs, targets, input_length: int, target_le
     if architecture == "encoder_decoder":
         tgt = _pad(targets, target_length)
         dec_in = np.concatenate([np.zeros((len(tgt), 1), np.int32), tgt[:, :-1]], 1)
+        # every given token is scored, a 0 a decoder emitted included (by position, as below)
+        n = np.array([min(len(t), target_length) for t in targets])[:, None]
         return {"encoder_input_tokens": _pad(inputs, input_length),
                 "decoder_input_tokens": dec_in, "decoder_target_tokens": tgt,
-                "decoder_loss_weights": (tgt != 0).astype(np.int32)}
+                "decoder_loss_weights": (np.arange(target_length)[None] < n).astype(np.int32)}
     n = input_length + target_length
     seqs = [list(i)[:input_length] + list(t)[:target_length] for i, t in zip(inputs, targets)]
     tgt = _pad(seqs, n)
