@@ -22,10 +22,10 @@ def get_config():
     m = cfg.model
     m.d_model, m.num_heads, m.head_dim, m.d_ff = 32, 2, 16, 64
     m.num_encoder_layers = m.num_decoder_layers = 1
-    cfg.data.batch_size, cfg.data.feature_lengths = 8, {"inputs": 16, "targets": 4}
+    cfg.data.batch_size, cfg.data.feature_lengths = 8, {"inputs": 32, "targets": 8}
     cfg.train.steps, cfg.train.eval_steps, cfg.train.prepare_data = 2, 1, ()
     cfg.checkpoint.every_steps = 2
-    cfg.eval.every_steps, cfg.eval.max_examples, cfg.decode.max_length = 0, 4, 4
+    cfg.eval.every_steps, cfg.eval.max_examples, cfg.decode.max_length = 0, 4, 0
     return cfg
 '''
 

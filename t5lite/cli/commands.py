@@ -151,9 +151,9 @@ def eval_command(checkpoint: str, task: str, split: str = "validation", max_exam
     from t5lite.tasks import preflight
     preflight.check_task(task, split, cfg.data.feature_lengths)  # the user's files, lines
     from t5lite.tasks import lengths
+    decodes = cfg.model.num_classes <= 0 and cfg.model.architecture != "encoder_only"
     for line in lengths.check([(task, split)], cfg.data.feature_lengths, cfg.data.max_trimmed,
-                              config_lib.decode_length(cfg) if cfg.model.num_classes <= 0
-                              else 0):
+                              config_lib.decode_length(cfg) if decodes else 0):
         print(f"t5lite: {line}", flush=True)
     t0 = time.time()
     metrics = evaluation.evaluate(cfg, model, params, tasks=(task,), split=split,

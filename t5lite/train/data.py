@@ -58,7 +58,8 @@ def check_run_data(cfg) -> None:
     preflight.check_best_metric(cfg.eval.best_metric, eval_tasks, cfg.model.num_classes > 0)
     from t5lite import config as config_lib
     from t5lite.tasks import lengths as lengths_lib
-    decodes = TrainEvaluator.wanted(cfg) and cfg.model.num_classes <= 0
+    decodes = (TrainEvaluator.wanted(cfg) and cfg.model.num_classes <= 0
+               and cfg.model.architecture != "encoder_only")
     lines = lengths_lib.check(reads, lengths, d.max_trimmed,
                               config_lib.decode_length(cfg) if decodes else 0)
     if jax.process_index() == 0:
