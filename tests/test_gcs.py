@@ -280,3 +280,19 @@ def test_checkpointer_on_gcs_skips_a_step_with_damaged_data_state(bucket):
     assert any(re.fullmatch(r"corrupt_checkpoints/2\.\d+/params/_METADATA", n) for n in names)
     assert any(re.fullmatch(r"corrupt_checkpoints/2\.\d+\.data_state/process_0\.index", n)
                for n in names)
+
+
+def test_gcsfs_imported_before_configure_serves_gs_with_its_core_class():
+    """gcsfs reads its zonal-bucket flag at import: imported first (by another library, a
+    notebook, an earlier test), it served gs:// with the class whose probe an emulator never
+    answers (a minute per bucket; the suite's GCS tests failed in a full run). configure()
+    registers the core class whatever the order."""
+    code = ("import gcsfs, fsspec\n"
+            "assert fsspec.get_filesystem_class('gs') is not gcsfs.core.GCSFileSystem\n"
+            "from t5lite.store import gcs\n"
+            "gcs.configure()\n"
+            "print(fsspec.get_filesystem_class('gs') is gcsfs.core.GCSFileSystem)")
+    env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=ROOT),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-2000:]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import shutil
 import tempfile
 import uuid
@@ -43,6 +44,7 @@ def configure() -> None:
     # gcsfs's zonal-bucket probe is a gRPC call per bucket that an emulator cannot answer
     # (a minute's timeout each); t5lite writes no zonal-only features
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    _core_gcsfs_if_imported()
     url = emulator_url()
     if url:
         # one switch for every library: tensorstore alone would otherwise write the arrays of
@@ -52,6 +54,20 @@ def configure() -> None:
         # emulators take no credentials; gcsfs's default search would probe the GCE metadata
         # server (google-cloud-storage does the same on its own)
         fsspec.config.conf.setdefault("gcs", {}).setdefault("token", "anon")
+
+
+def _core_gcsfs_if_imported() -> None:
+    """gcsfs imported before configure() (by another library, a notebook, a test) read its
+    flag then and serves gs:// with its zonal-bucket class: register the core class for gs://
+    as the flag now asks, so the import order does not decide (fsspec resolves a protocol's
+    class on each new filesystem)."""
+    if "gcsfs" not in sys.modules or os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"].lower() in (
+            "true", "1"):
+        return
+    import fsspec
+    import gcsfs.core
+    for protocol in ("gs", "gcs"):
+        fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
 
 
 def is_gcs(path) -> bool:
