@@ -14,7 +14,7 @@ a row whose plan has changed since its line was written compiles again (`is_curr
 The plan's config (configs/quickstart.py) unrolls each stack inside its scan
 (model.scan_unroll=0: faster on a CPU); the bench compiles one layer per loop iteration
 (--scan-unroll 1, the default): the same layers, FLOPs and parameters, and a compile several
-times cheaper. Stacks whose layers differ are unrolled whatever it says (models/layer_plan.py).
+times cheaper. Stacks whose layers differ are unrolled whatever it says (models/plan.py).
 
     nice -n 10 python bench/modifications_compile.py --topology v4-8 [--rows vanilla gelu]
     python bench/modifications_compile.py --render   # the markdown table + TPU-hours
@@ -66,12 +66,11 @@ def stage_of(row_name: str, stage: str, extra: list, scan_unroll: int | None = N
 
 def scanned_stacks(cfg) -> dict:
     """Which stacks compile as one scanned layer (heterogeneous stacks are unrolled)."""
-    from t5lite.models import layer_plan, sharing
+    from t5lite.models import plan
     out = {}
-    for kind, n in (("encoder", cfg.model.num_encoder_layers),
-                    ("decoder", cfg.model.num_decoder_layers)):
-        shared = sharing.shares_block(cfg.model, kind)
-        out[kind] = cfg.model.scan_layers and (shared or layer_plan.scanned(cfg.model, kind, n))
+    for kind in ("encoder", "decoder"):
+        stack = plan.stack_plan(cfg.model, kind)
+        out[kind] = stack.shared_scanned if stack.shared_applications else stack.scanned
     return out
 
 

@@ -449,7 +449,7 @@ def test_moe_rows_follow_their_gins():
     """mixture_of_experts.gin / switch_transformer.gin at paper scale: 32 experts in layers 4,
     8 and 12 of both stacks and every FFN kernel initialised at scale 0.1; top-2 with d_ff / 2
     experts and capacity factor 2, or top-1 with d_ff experts, 1.2 and a 1e-2 jitter."""
-    from t5lite.models.layer_plan import ffn_layer_at
+    from t5lite.models.plan import ffn_layer_at
     for name, fields in (("mixture_of_experts", ("moe", 1536, 2.0, 0.0)),
                          ("switch_transformer", ("switch", 0, 1.2, 0.01))):
         m = _paper_scale_cfg(TABLE.row(name))

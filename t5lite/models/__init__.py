@@ -17,11 +17,11 @@ import numpy as np
 
 from t5lite import config as config_lib
 from t5lite.errors import UserError
-from t5lite.models import layer_plan
+from t5lite.models import plan as plan_lib
+from t5lite.models import sharing
 from t5lite.models.architectures import ARCHITECTURES
 from t5lite.models.electra import HEAD_PREFIXES as ELECTRA_HEADS
 from t5lite.models.electra import Electra
-from t5lite.models import sharing
 from t5lite.models.transformer import CORE_MODULES, StackModules
 from t5lite.text_table import format_table
 
@@ -55,12 +55,11 @@ def build_model(cfg, modules: StackModules | None = None) -> nn.Module:
             raise UserError("model.peft turns a PEFT method on: build this model with "
                             "t5lite.peft.build_model(cfg), which adds its modules.")
         modules = CORE_MODULES
-    # after the caller's modules too: t5lite.peft passes CORE_MODULES when PEFT is off, and
-    # the model it builds is the one every training, eval and compile path runs
-    modules = layer_plan.core_modules(cfg, modules)
+    # every variant choice, once (plan.py); the stacks' modules from ``modules``
+    plan = plan_lib.model_plan(cfg, modules)
     if cfg.electra.rtd_head:  # ELECTRA: the encoder_only model with a generator + RTD head
-        return Electra(cfg, modules)
-    return ARCHITECTURES[cfg.architecture](cfg, modules)
+        return Electra(cfg, plan)
+    return ARCHITECTURES[cfg.architecture](cfg, plan)
 
 
 def _decoder_length(cfg, feature_lengths: dict) -> int:
@@ -167,7 +166,7 @@ def layerwise_counts(cfg) -> tuple[int, int]:
     stack (nn.scan's lifting), and `t5lite models` traces every config.
     """
     cfg = _model_cfg(cfg)
-    if not layer_plan.layers_alike(cfg):  # a mixture-of-experts / PKM / Funnel stack
+    if not plan_lib.layers_alike(cfg):  # a mixture-of-experts / PKM / Funnel stack
         return _counts(abstract_params(cfg))
     depth = {"encoder": cfg.num_encoder_layers, "decoder": cfg.num_decoder_layers,
              # ELECTRA's generator stack (models/electra.py): its own depth

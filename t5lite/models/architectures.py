@@ -8,7 +8,8 @@ Parameter tree (T5X layout; ``layers`` is the scanned stack with a leading [num_
 ("embed", "heads", "kv") and out [H, K, D]. mlp wi / wi_0 / wi_1 [D, F] ("embed", "mlp"), wo
 [F, D]; norms have ``scale`` [D] (+ ``bias`` for layernorm); ``bias`` on dense layers when
 cfg.use_bias. The Stack's modules (StackModules: PEFT subclasses and extra modules that
-build_model passes in) add their params inside the modules they adapt (t5lite/peft).
+build_model passes in) add their params inside the modules they adapt (t5lite/peft). What each
+stack builds comes from its plan.StackPlan (build_model resolves the plan.ModelPlan once).
 
 EncoderDecoder (T5)::
 
@@ -69,7 +70,6 @@ Heads (mlm_*, nsp_dense, class_dense, token_dense, span_dense, sbo) are what
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import flax.linen as nn
@@ -78,21 +78,8 @@ import jax.numpy as jnp
 
 from t5lite.models import funnel
 from t5lite.models import layers as L
-from t5lite.models.embeddings import FactorizedEmbed
 from t5lite.models.sbo import SpanBoundaryHead
-from t5lite.models.transformer import CORE_MODULES, Stack, StackModules
-from t5lite.models.vocab_layers import make_vocab_layer, vocab_layer_kind
-
-
-def token_embedder(cfg):
-    if cfg.factorized_embed_dim:  # ALBERT's [V, E] x [E, D]
-        return FactorizedEmbed(cfg)
-    if vocab_layer_kind(cfg):  # adaptive input / adaptive softmax / mixture of softmaxes
-        return make_vocab_layer(cfg)
-    width = cfg.embed_dim or cfg.d_model
-    # embed_like_classifier: Stack.embed multiplies the lookup by sqrt(width)
-    init = nn.initializers.normal(width ** -0.5) if cfg.embed_like_classifier else None
-    return L.make_embed(cfg, cfg.vocab_size, width, ("vocab", "embed"), init)
+from t5lite.models.transformer import Stack
 
 
 def head_dense(cfg, features: int, axes):
@@ -100,30 +87,20 @@ def head_dense(cfg, features: int, axes):
     return L.make_dense(cfg, features, axes, use_bias=True)
 
 
-def encoder_config(cfg):
-    """The encoder stack's ModelConfig: model.encoder_norm, when set, as its model.norm (the
-    Funnel row: funnel_transformer.gin's encoder layers and final norm are sublayer_rms_norm,
-    google-research transformer_modifications/gin/models/funnel_transformer.gin :17-27)."""
-    return dataclasses.replace(cfg, norm=cfg.encoder_norm) if cfg.encoder_norm else cfg
-
-
 class EncoderDecoder(nn.Module):
     """T5: encoder over inputs, decoder over shifted targets with cross-attention."""
 
     cfg: object
-    modules: StackModules = CORE_MODULES
+    plan: object  # plan.ModelPlan
 
     def setup(self):
-        self.token_embedder = token_embedder(self.cfg)
-        self.decoder = Stack(self.cfg, "decoder", self.token_embedder, cross=True,
-                             modules=self.modules)
+        self.token_embedder = self.plan.token_embedder()
+        self.decoder = Stack(self.plan.decoder, self.token_embedder)
         # model.tie_encoder_decoder_embeddings=False: the encoder reads its own embedding
         self.encoder_token_embedder = (None if self.cfg.tie_encoder_decoder_embeddings
-                                       else token_embedder(self.cfg))
-        self.encoder = Stack(encoder_config(self.cfg), "encoder",
-                             self.encoder_token_embedder or self.token_embedder,
-                             shared=self.decoder if self.cfg.shared_encoder_decoder else None,
-                             modules=self.modules)
+                                       else self.plan.token_embedder())
+        self.encoder = Stack(self.plan.encoder, self.encoder_token_embedder or self.token_embedder,
+                             shared=self.decoder if self.cfg.shared_encoder_decoder else None)
 
     def __call__(self, batch, deterministic=True):
         encoded_BSD = self.encode(batch["encoder_input_tokens"], batch.get("encoder_segment_ids"),
@@ -157,11 +134,11 @@ class DecoderOnly(nn.Module):
     bidirectional. num_classes > 0 adds a classifier on the last non-padding token."""
 
     cfg: object
-    modules: StackModules = CORE_MODULES
+    plan: object  # plan.ModelPlan
 
     def setup(self):
-        self.token_embedder = token_embedder(self.cfg)
-        self.decoder = Stack(self.cfg, "decoder", self.token_embedder, modules=self.modules)
+        self.token_embedder = self.plan.token_embedder()
+        self.decoder = Stack(self.plan.decoder, self.token_embedder)
         if self.cfg.num_classes > 0:
             self.class_dense = head_dense(self.cfg, self.cfg.num_classes, ("embed", "classes"))
 
@@ -199,13 +176,12 @@ class EncoderOnly(nn.Module):
     """BERT: bidirectional encoder with MLM head (always), pooler / NSP / classifier heads."""
 
     cfg: object
-    modules: StackModules = CORE_MODULES
+    plan: object  # plan.ModelPlan
 
     def setup(self):
         cfg = self.cfg
-        self.token_embedder = token_embedder(cfg)
-        self.encoder = Stack(encoder_config(cfg), "encoder", self.token_embedder,
-                             modules=self.modules)
+        self.token_embedder = self.plan.token_embedder()
+        self.encoder = Stack(self.plan.encoder, self.token_embedder)
         self.mlm_dense = head_dense(cfg, cfg.embed_dim or cfg.d_model, ("embed", "mlp"))
         self.mlm_norm = L.make_norm(cfg)
         self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import layers as L
-from t5lite.models.architectures import head_dense, mlm_positions, token_embedder
-from t5lite.models.transformer import CORE_MODULES, Stack, StackModules
+from t5lite.models.architectures import head_dense, mlm_positions
+from t5lite.models.transformer import Stack
 
 
 # left out by count_params(heads=False): the discriminator alone is HF's ElectraModel
@@ -80,12 +80,12 @@ class Electra(nn.Module):
     """Generator + discriminator (pretraining) or the discriminator alone (finetuning / HF)."""
 
     cfg: object
-    modules: StackModules = CORE_MODULES  # of both stacks (transformer.StackModules)
+    plan: object  # plan.ModelPlan: encoder and (pretraining) generator stacks
 
     def setup(self):
         cfg = self.cfg
-        self.token_embedder = token_embedder(cfg)
-        self.encoder = Stack(cfg, "encoder", self.token_embedder, modules=self.modules)
+        self.token_embedder = self.plan.token_embedder()
+        self.encoder = Stack(self.plan.encoder, self.token_embedder)
         if cfg.num_classes > 0:
             self.class_dense = head_dense(cfg, cfg.num_classes, ("embed", "classes"))
             self.head_dropout = nn.Dropout(cfg.dropout_rate)
@@ -93,9 +93,9 @@ class Electra(nn.Module):
         self.rtd_dense = head_dense(cfg, cfg.d_model, ("embed", "mlp"))
         self.rtd_logits = head_dense(cfg, 1, ("mlp", "classes"))
         if cfg.electra.generator_d_model:
-            generator = generator_config(cfg)
-            self.generator = Stack(generator, "encoder", self.token_embedder,
-                                   embeddings_from=self.encoder, modules=self.modules)
+            generator = self.plan.generator.cfg
+            self.generator = Stack(self.plan.generator, self.token_embedder,
+                                   embeddings_from=self.encoder)
             self.generator_mlm_dense = head_dense(generator, generator.embed_dim,
                                                   ("mlp", "embed"))
             self.generator_mlm_norm = L.make_norm(cfg)

@@ -25,7 +25,7 @@ from t5lite.models import residual
 from t5lite.models.gradient_rules import add_position_bias
 from t5lite.models.local_conv import LocalInputs, SeparableConv, shifted, tap_offsets
 from t5lite.models.local_conv import visible_BTS as visible_from_bias
-from t5lite.models.token_mixing import self_attention
+from t5lite.models.registry import BlockType
 
 
 def pad_channels(x_BTF, width: int):
@@ -56,13 +56,24 @@ class Conv(nn.Module):
 
 
 class EvolvedBlock(nn.Module):
-    """One Evolved Transformer block, called like transformer.Block (same fields and call)."""
+    """One Evolved Transformer block, built and called like transformer.Block (same fields and
+    call); its layers have no per-layer variants (``layer`` is the default LayerPlan)."""
 
-    cfg: object
-    decoder: bool = False
-    cross: bool = False
+    plan: object  # plan.StackPlan
+    layer: object = None  # plan.LayerPlan
     scanned: bool = False
-    modules: object = None  # transformer.StackModules
+
+    @property
+    def cfg(self):
+        return self.plan.cfg
+
+    @property
+    def decoder(self) -> bool:
+        return self.plan.decoder
+
+    @property
+    def modules(self):
+        return self.plan.modules
 
     @nn.compact
     def __call__(self, x_BLD, ctx, deterministic=True, decode=False):
@@ -70,10 +81,10 @@ class EvolvedBlock(nn.Module):
         drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)  # noqa
 
         def sublayer(x, stem, fn):  # x + branch, pre- or post-norm, ReZero / Fixup scalars
-            return residual.sublayer(self, cfg, x, stem, fn, deterministic)
+            return residual.sublayer(self, cfg, x, stem, fn, deterministic, self.plan.residual)
 
         visible = visible_from_bias(ctx.bias)
-        cross = self.cross and ctx.encoded is not None
+        cross = self.plan.cross and ctx.encoded is not None
         conv = dict(decode=decode, cache_index=ctx.cache_index)
         if self.decoder:
             x_BLD = sublayer(x_BLD, "branched_attention", lambda y: self.branched_attention(
@@ -85,7 +96,7 @@ class EvolvedBlock(nn.Module):
         stem = "self_attention" if self.decoder else "attention"
         bias = (ctx.bias if ctx.pos_bias is None
                 else add_position_bias(ctx.bias, ctx.pos_bias, cfg.gradient_rules))
-        attention = self_attention(cfg, self.modules.attention, self.decoder)
+        attention = self.plan.mixer.build(self.modules.attention, self.decoder, ctx.backend)
         x_BLD = sublayer(x_BLD, stem, lambda y: attention(cfg, name=stem)(
             y, y, bias, ctx.rope_pos, deterministic, decode, ctx.cache_index))
         if cross:
@@ -141,3 +152,7 @@ class EvolvedBlock(nn.Module):
             out = out + self.modules.attention(cfg, cross=True, name="branch_cross_attention")(
                 y_BLD, ctx.encoded, ctx.cross_bias, deterministic=deterministic)
         return out
+
+
+# model.block_type="evolved" (registered in models/plan.py)
+EVOLVED_BLOCK = BlockType("evolved", EvolvedBlock)

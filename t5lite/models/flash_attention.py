@@ -28,6 +28,9 @@ from jax.sharding import PartitionSpec as P
 
 from t5lite.errors import UserError
 from t5lite.models import flash_bias, flash_kernels as K
+from t5lite.models import funnel
+from t5lite.models.registry import AttentionBackend
+from t5lite.models.transformer import LayerContext
 
 DEFAULT_BLOCK = 512
 
@@ -35,7 +38,7 @@ DEFAULT_BLOCK = 512
 @struct.dataclass
 class KernelBias:
     """What a layer's attention gets in place of the [B, H, T, S] bias when the flash kernel
-    is on; ``attend`` runs the kernel (layers.MultiHeadAttention calls it)."""
+    is on; ``attend`` runs the kernel (FLASH_ATTENTION's attend step calls it)."""
 
     q_segments_BT: jnp.ndarray  # int32 segment id per query slot, 0 = padding
     kv_segments_BS: jnp.ndarray  # per key slot
@@ -87,6 +90,29 @@ def kernel_biases(stack, q_valid_BL, segments_BL, encoder_tokens_BS=None,
     cross = KernelBias(segments(q_valid_BL, segments_BL if both else None),
                        segments(k_valid_BS, encoder_segments_BS if both else None), **blocks)
     return attn, cross
+
+
+def flash_context(stack, q_valid_BL, segments_BL, rope_BL, encoded_BSD, encoder_tokens_BS,
+                  encoder_segments_BS, deterministic):
+    """The LayerContext of a Stack's layers with the flash kernel: KernelBias objects (segment
+    ids, this stack's relative bias table) in place of masks and position biases."""
+    if encoded_BSD is not None:  # (a Funnel encoder's output is shorter than its ids)
+        encoder_tokens_BS, encoder_segments_BS = funnel.pool_ids(
+            stack.cfg, encoder_tokens_BS, encoder_segments_BS)
+    bias, cross_bias = kernel_biases(
+        stack, q_valid_BL, segments_BL, None if encoded_BSD is None else encoder_tokens_BS,
+        encoder_segments_BS, deterministic)
+    return LayerContext(bias=bias, rope_pos=rope_BL, encoded=encoded_BSD, cross_bias=cross_bias,
+                        valid=q_valid_BL, backend=FLASH_ATTENTION)
+
+
+def flash_attend(module, q_BTHK, k_BSHK, v_BSHK, bias: KernelBias, deterministic):
+    """The attention module's attend step: the kernel, with the layer's KernelBias."""
+    return bias.attend(q_BTHK, k_BSHK, v_BSHK)
+
+
+# model.attention_kernel="flash" (registered in models/plan.py)
+FLASH_ATTENTION = AttentionBackend("flash", flash_attend, flash_context)
 
 
 def _round_up(n: int, m: int) -> int:

@@ -21,6 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 from t5lite.models import fixup
 from t5lite.models.gradient_rules import dot, recompute_in_backward
 from t5lite.models.positions import apply_rope
+from t5lite.models.registry import AttentionBackend, FFNLayer, TokenMixer
 
 NEG_INF = -1e10  # additive mask value (finite: fully masked rows stay NaN-free)
 
@@ -274,8 +275,23 @@ def query_init_scale(cfg) -> float:
     return cfg.head_dim ** (-1.0 if cfg.initializers == "mesh_tf" else -0.5)
 
 
+def xla_attend(module: nn.Module, q_BTHK, k_BSHK, v_BSHK, bias_BHTS, deterministic: bool):
+    """softmax(q k^T + bias) v with the additive [B, 1 or H, T, S] bias, the weights dropped
+    out at model.dropout_rate (a dropout submodule of the calling attention ``module``)."""
+    dtype = compute_dtype(module.cfg)
+    logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
+    weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
+    weights_BHTS = dropout(module.cfg)(weights_BHTS, deterministic=deterministic)
+    return jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
+
+
+# model.attention_kernel="xla": the Stack builds the masks and position biases as arrays
+XLA_ATTENTION = AttentionBackend("xla", xla_attend)
+
+
 class MultiHeadAttention(nn.Module):
-    """Self- or cross-attention; masks and position biases arrive as one additive bias.
+    """Self- or cross-attention; masks and position biases arrive as one additive bias, or as
+    what ``backend`` (a registry.AttentionBackend the Stack chose) reads.
 
     decode=True appends this call's T keys/values at ``cache_index`` in the "cache" collection
     and attends over the whole cache (the bias then has the cache length as its key axis).
@@ -285,6 +301,7 @@ class MultiHeadAttention(nn.Module):
 
     cfg: object
     cross: bool = False  # cross-attention (keys / values from another sequence)
+    backend: AttentionBackend = XLA_ATTENTION
 
     def dense_layer(self, name: str, **fields) -> DenseGeneral:
         """The projection ``name`` (query, key, value, out) with these DenseGeneral fields."""
@@ -324,13 +341,7 @@ class MultiHeadAttention(nn.Module):
         q_BTHK, k_BSHK, v_BSHK = (constrain(a, axes) for a in (q_BTHK, k_BSHK, v_BSHK))
         if cfg.scale_attn_logits:
             q_BTHK = q_BTHK * jnp.asarray(k ** -0.5, dtype)
-        if hasattr(bias_BHTS, "attend"):  # model.attention_kernel="flash": a KernelBias
-            out_BTHK = bias_BHTS.attend(q_BTHK, k_BSHK, v_BSHK)
-        else:
-            logits_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK, k_BSHK).astype(jnp.float32)
-            weights_BHTS = softmax_to(logits_BHTS + bias_BHTS, dtype)
-            weights_BHTS = dropout(cfg)(weights_BHTS, deterministic=deterministic)
-            out_BTHK = jnp.einsum("bhts,bshk->bthk", weights_BHTS, v_BSHK)
+        out_BTHK = self.backend.attend(self, q_BTHK, k_BSHK, v_BSHK, bias_BHTS, deterministic)
         out_BTD = checkpoint_name(self.combine_heads(out_BTHK, shared, deterministic),
                                   "out_proj")
         return constrain(out_BTD, ("batch", "length", "embed"))
@@ -356,6 +367,12 @@ class MultiHeadAttention(nn.Module):
         return keys.value, values.value
 
 
+# model.attention_type="multihead": the Stack's attention class (PEFT's when it adapts it) on
+# the backend of the call
+MULTIHEAD = TokenMixer(("multihead",), lambda attention_cls, causal, backend: functools.partial(
+    attention_cls, backend=backend))
+
+
 # ----------------------------------------------------------------------------- MLP
 
 ACTIVATIONS = {
@@ -376,6 +393,8 @@ ACTIVATIONS = {
     "softplus": nn.softplus,
 }
 GATED = ("glu", "geglu", "reglu", "swiglu", "bilinear")
+# model.ffn_layer="dense": the Stack's MLP class (PEFT's when it adapts it)
+DENSE_FFN = FFNLayer("dense")
 
 
 class MLP(nn.Module):

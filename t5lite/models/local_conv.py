@@ -12,6 +12,7 @@ Shapes: B batch, T query length, S key / source length, D channels, W taps, G ke
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import flax.linen as nn
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.models import layers as L
+from t5lite.models.registry import TokenMixer
 
 
 def tap_offsets(width: int, causal: bool) -> tuple[int, ...]:
@@ -157,3 +159,10 @@ class SeparableConv(nn.Module):
                           kernel_WD.astype(L.compute_dtype(cfg)))
         y_BTF = L.make_dense(cfg, self.features, ("mlp", "embed"), True, name="pointwise")(y_BTD)
         return nn.relu(y_BTF) if self.activation == "relu" else y_BTF
+
+
+# model.attention_type=lightweight_conv / dynamic_conv (registered in models/plan.py): the
+# window ends at the query in a decoder (causal); arrays backend only
+CONVOLUTION = TokenMixer(("lightweight_conv", "dynamic_conv"),
+                         lambda attention_cls, causal, backend: functools.partial(
+                             LocalConvolution, causal=causal))

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import layers as L
+from t5lite.models.registry import FFNLayer
 
 MIN_CAPACITY = 4  # Mesh TensorFlow's min_expert_capacity
 SECOND_THRESHOLD = 0.2  # GShard's "random" second-expert policy (training only)
@@ -213,6 +214,12 @@ class SparseMLP(nn.Module):
         h = [jnp.einsum("ebcd,edf->ebcf", in_EBCD, self._kernel(
             n, (e, d, f), ("expert", "embed", "mlp")).astype(dtype)) for n in names]
         return act(h[0]) * h[1] if len(h) == 2 else act(h[0])
+
+
+# model.ffn_layer="moe" (GShard top-2) / "switch" (top-1), registered in models/plan.py: they
+# route only the real tokens and size a decoder layer's capacity by the decoder's factor
+MOE = FFNLayer("moe", SparseMLP, routed=True)
+SWITCH = FFNLayer("switch", SparseMLP, routed=True)
 
 
 def sown_aux_loss(variables):

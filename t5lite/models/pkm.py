@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import layers as L
+from t5lite.models.registry import FFNLayer
 
 
 def product_topk(scores_BLH2N, knn: int):
@@ -82,3 +83,7 @@ class ProductKeyMemory(nn.Module):
         x = x - jnp.mean(x, axis=-1, keepdims=True)
         x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
         return x * scale + bias
+
+
+# model.ffn_layer="pkm" (registered in models/plan.py)
+PKM = FFNLayer("pkm", ProductKeyMemory)

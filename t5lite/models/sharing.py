@@ -65,15 +65,6 @@ class GRUGate(nn.Module):
         return (1 - update_BLD) * y_BLD + update_BLD * candidate_BLD
 
 
-def gated(cfg, x_BLD, stem: str, fn):
-    """A Block's sub-layer branch ``fn`` (of the normalized x) with its output GRU-gated against
-    the sub-layer's input ``x_BLD`` under model.universal_gating="gru" (the gate's params:
-    ``<stem>_gate`` of the calling Block), else ``fn`` itself."""
-    if cfg.universal_gating != "gru":
-        return fn
-    return lambda h_BLD: GRUGate(cfg, name=f"{stem}_gate")(x_BLD, fn(h_BLD))
-
-
 class _Step(nn.Module):
     """One application: (+ the step's embedding) then the block (built scanned: it returns
     (x, None), the scan's carry and output)."""

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from t5lite.errors import UserError
 from t5lite.models import layers as L
 from t5lite.models.local_conv import LocalInputs
+from t5lite.models.registry import TokenMixer
 
 SYNTHESIZERS = ("synthesizer_dense", "synthesizer_dense_plus", "synthesizer_dense_plus_alpha",
                 "synthesizer_factorized", "synthesizer_random", "synthesizer_random_plus",
@@ -104,3 +105,8 @@ class SynthesizerAttention(L.MultiHeadAttention):
                 init, ("abspos", "heads", None)), (n, h, n), jnp.float32)
             r_HTS = jnp.transpose(rows(r_NHN)[:, :, :s], (1, 0, 2))
         return r_HTS[None]
+
+
+# model.attention_type=synthesizer_* (registered in models/plan.py); arrays backend only
+SYNTHESIZER = TokenMixer(SYNTHESIZERS, lambda attention_cls, causal, backend:
+                         SynthesizerAttention)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from t5lite.config.mixing_rules import parse_clusters
 from t5lite.models import layers as L
+from t5lite.models.registry import OutputLayer
 
 VOCAB_LAYERS = ("adaptive_input", "adaptive_softmax", "mixture_of_softmaxes")
 
@@ -154,3 +155,7 @@ def make_vocab_layer(cfg):
     if kind == "mixture_of_softmaxes":
         return MixtureOfSoftmaxes(cfg)
     return AdaptiveEmbed(cfg, softmax=kind == "adaptive_softmax")
+
+
+# the decoder's output layer when the token embedder is one of VOCAB_LAYERS (models/plan.py)
+VOCAB_LOGITS = OutputLayer("vocab_logits", lambda stack, x_BLD: stack.embedder.vocab_logits(x_BLD))
