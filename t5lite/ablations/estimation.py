@@ -24,13 +24,15 @@ OFFLINE = ("offline",)
 # Config fields no compiled train step reads: the task's name and data source, the number of
 # steps and of warm-up steps (constants of the learning-rate schedule: the same program and
 # cost), logging, checkpoints, evaluation, decoding, the initializers (initial values only),
-# the vocabulary of the paper's tasks (the same ids: model.vocab_size shapes the step).
+# the vocabulary of the paper's tasks (the same ids: model.vocab_size shapes the step), the
+# user's task modules and the share of cut targets a run accepts (checks before it starts).
 # Finetuning stages alike in everything else (SuperGLUE, WebQuestions and WMT at paper scale:
 # batch 128 x (512, 512)) share one compile.
 _NOT_IN_STEP = {"": ("name", "checkpoint", "eval", "decode"),
                 "data": ("mixture_or_task", "seed", "shuffle", "data_dir", "tfds_data_dir",
                          "cache_dir", "use_cached", "train_split", "eval_split",
-                         "paper_vocabulary"),
+                         "paper_vocabulary", "task_modules", "task_module_files",
+                         "max_trimmed"),
                 "train": ("steps", "log_every", "eval_every", "eval_steps", "prepare_data",
                           "profile_steps", "wandb_project", "wandb_entity", "wandb_mode"),
                 "optim": ("warmup_steps",),
