@@ -48,8 +48,9 @@ Q_SEG = _segments([(40, 70, 25), (150,), (60, 30)], 150)
 KV_SEG = _segments([(30, 50, 20), (100,), (70, 10)], 100)
 
 
-def _attention_module(cfg, cross=False):
-    return L.MultiHeadAttention(dataclasses.replace(cfg, dropout_rate=0.0), cross=cross)
+def _attention_module(cfg, cross=False, flash=False):
+    return L.MultiHeadAttention(dataclasses.replace(cfg, dropout_rate=0.0), cross=cross,
+                                backend=F.FLASH_ATTENTION if flash else L.XLA_ATTENTION)
 
 
 def _xla_bias(cfg, q_seg, kv_seg, kind, causal, table):
@@ -72,15 +73,15 @@ def _xla_bias(cfg, q_seg, kv_seg, kind, causal, table):
 
 def _run(cfg, kind, causal, cross, flash):
     """loss(params, x, kv, table) of one attention layer and its gradients: the model's
-    MultiHeadAttention with the XLA bias or with a KernelBias."""
+    MultiHeadAttention with the XLA bias or (backend FLASH_ATTENTION) a KernelBias."""
     q_seg = Q_SEG if cross else Q_SEG[:, :100] if causal else KV_SEG
     kv_seg = KV_SEG if cross else q_seg
     b, t, s = q_seg.shape[0], q_seg.shape[1], kv_seg.shape[1]
-    module = _attention_module(cfg, cross)
+    module = _attention_module(cfg, cross, flash)
     x = jax.random.normal(KEY(1), (b, t, cfg.d_model)).astype(cfg.dtype)
     kv = jax.random.normal(KEY(2), (b, s, cfg.d_model)).astype(cfg.dtype)
     table = jax.random.normal(KEY(3), (cfg.num_heads, cfg.relative_buckets))
-    params = module.init(KEY(0), x, kv, jnp.zeros((1, 1, t, s)))["params"]
+    params = _attention_module(cfg, cross).init(KEY(0), x, kv, jnp.zeros((1, 1, t, s)))["params"]
     weight = jax.random.normal(KEY(4), (b, t, cfg.d_model)) * (q_seg != 0)[..., None]
 
     def loss(params, x, kv, table):

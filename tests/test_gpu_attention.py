@@ -28,6 +28,7 @@ from t5lite.models import gpu_attention as GA
 from t5lite.models import gpu_flash_kernels as G
 from t5lite.models import layers as L
 from t5lite.models.positions import RelativePositionBias, alibi_bias
+from t5lite.models.registry import AttentionBackend, kernel_attend
 from t5lite.train import losses
 from test_flash_attention import KV_SEG, Q_SEG, _packed_batch, _segments, _xla_bias
 
@@ -67,11 +68,13 @@ def _run(cfg, kind, causal, cross, how, packed=True):
     q_seg = q_seg if cross else q_seg[:, :100] if causal else kv_seg
     kv_seg = kv_seg if cross else q_seg
     b, t, s = q_seg.shape[0], q_seg.shape[1], kv_seg.shape[1]
-    module = L.MultiHeadAttention(cfg, cross=cross)
+    module = L.MultiHeadAttention(cfg, cross=cross, backend=L.XLA_ATTENTION if how == "xla"
+                                  else AttentionBackend(how, kernel_attend))
     x = jax.random.normal(KEY(1), (b, t, cfg.d_model)).astype(cfg.dtype)
     kv = jax.random.normal(KEY(2), (b, s, cfg.d_model)).astype(cfg.dtype)
     table = jax.random.normal(KEY(3), (cfg.num_heads, cfg.relative_buckets))
-    params = module.init(KEY(0), x, kv, jnp.zeros((1, 1, t, s)))["params"]
+    params = L.MultiHeadAttention(cfg, cross=cross).init(
+        KEY(0), x, kv, jnp.zeros((1, 1, t, s)))["params"]
     weight = jax.random.normal(KEY(4), (b, t, cfg.d_model)) * (q_seg != 0)[..., None]
 
     def loss(params, x, kv, table):

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 from t5lite.errors import UserError
 from t5lite.models import flash_bias, flash_kernels as K
 from t5lite.models import funnel
-from t5lite.models.registry import AttentionBackend
+from t5lite.models.registry import AttentionBackend, kernel_attend
 from t5lite.models.transformer import LayerContext
 
 DEFAULT_BLOCK = 512
@@ -106,13 +106,9 @@ def flash_context(stack, q_valid_BL, segments_BL, rope_BL, encoded_BSD, encoder_
                         valid=q_valid_BL, backend=FLASH_ATTENTION)
 
 
-def flash_attend(module, q_BTHK, k_BSHK, v_BSHK, bias: KernelBias, deterministic):
-    """The attention module's attend step: the kernel, with the layer's KernelBias."""
-    return bias.attend(q_BTHK, k_BSHK, v_BSHK)
-
-
-# model.attention_kernel="flash" (registered in models/plan.py)
-FLASH_ATTENTION = AttentionBackend("flash", flash_attend, flash_context)
+# model.attention_kernel="flash" (registered in models/plan.py): the layers' attention calls
+# their KernelBias's attend
+FLASH_ATTENTION = AttentionBackend("flash", kernel_attend, flash_context)
 
 
 def _round_up(n: int, m: int) -> int:

@@ -34,6 +34,12 @@ class AttentionBackend:
     context: Optional[Callable] = None
 
 
+def kernel_attend(module, q_BTHK, k_BSHK, v_BSHK, bias, deterministic):
+    """The attend step of a backend whose bias objects run their kernel themselves
+    (``bias.attend(q, k, v)``: flash_attention.KernelBias and the like)."""
+    return bias.attend(q_BTHK, k_BSHK, v_BSHK)
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenMixer:
     """The self-attention sub-layer's module (``model.attention_type``): ``build(attention_cls,
