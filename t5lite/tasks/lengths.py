@@ -31,7 +31,10 @@ def _measured(task_name: str, split: str, data_dir: str) -> Optional[dict]:
     the task's preprocessors need the sequence lengths (``data_dir``: part of the cache key,
     since the same name reads another folder's files when it moves)."""
     task = seqio.get_mixture_or_task(task_name)
+    # (first: a TFDS task's splits are read from its data dir, which may be a bucket)
     if any(_makes_rows(step) for step in task.preprocessors):
+        return None
+    if split not in task.splits:  # a mixture member without it: the mixture reads none
         return None
     try:
         ds = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1,
@@ -67,8 +70,6 @@ def measure(name: str, split: str, feature_lengths: Mapping[str, int]) -> list[d
     from t5lite import dataprep
     out = []
     for task in seqio.get_subtasks(get_mixture_or_task(name)):
-        if split not in task.splits:  # a mixture member without it: the mixture reads none
-            continue
         lengths = _measured(task.name, split, dataprep.data_dir())
         if lengths is None:
             continue
