@@ -25,6 +25,13 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # TPU topology (tests/test_compile.py) would fail on its lockfile.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+# The suite is an entry point, as the CLI is: gs:// routing before any library picks its
+# backend (gcsfs, etils.epath, tensorstore read their settings once). In a full run the GCS
+# emulator tests failed when an earlier test had made that choice first (they pass alone).
+from t5lite.store import gcs  # noqa: E402
+
+gcs.configure()
+
 import pytest  # noqa: E402
 
 
