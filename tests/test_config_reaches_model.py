@@ -25,6 +25,7 @@ import pytest
 
 from t5lite.config import ModelConfig, presets
 from t5lite.errors import UserError
+from t5lite.models import gpu_attention
 from t5lite.peft import build_model
 from train_helpers import random_model_batch
 
@@ -92,8 +93,9 @@ CASES = {
     "scan_unroll": ("t5", {**TWO_LAYERS, "scan_layers": True}, None),
     # "auto" is "cpu" on this host: compare both with "accelerator"
     "gradient_rules": ("t5", {"gradient_rules": "accelerator"}, None),
-    # flash: no attention dropout; GPT has one attention to trace through Pallas, T5 three
-    "attention_kernel": ("gpt", {"dropout_rate": 0.0}, None),
+    # flash: no attention dropout; GPT has one attention to trace through Pallas, T5 three.
+    # The GPU kernels and "auto": test_gpu_attention_kernels_change_the_built_model
+    "attention_kernel": ("gpt", {"dropout_rate": 0.0}, ["flash"]),
     "rope_max_wavelength": ("t5", {"position": "rope"}, None),
     "synthesizer_rank": ("t5", {"attention_type": "synthesizer_factorized"}, None),
     "conv_kernel_size": ("t5", {"attention_type": "lightweight_conv"}, None),
@@ -237,6 +239,30 @@ def test_field_changes_the_built_model(dotted, family, context, value):
         f"parameter tree nor the traced program (training or eval) of the tiny {family} "
         "model: its hook was lost (wire it), or it does not change the model by design (add "
         "it to NOT_MODEL_FIELDS)")
+
+
+# model.attention_kernel's other choices (cudnn, flash_gpu, auto) on a simulated GPU backend:
+# there they trace (cuDNN's wrapper through XLA's implementation of the same call, the Triton
+# kernels interpreted), while on this CPU host cudnn / flash_gpu are refused and auto is xla.
+GPU_KERNELS = [c for c in field_meta("attention_kernel")["choices"] if c not in ("xla", "flash")]
+
+
+@pytest.mark.parametrize("value", GPU_KERNELS)
+def test_gpu_attention_kernels_change_the_built_model(monkeypatch, value):
+    monkeypatch.setattr(gpu_attention, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(gpu_attention, "CUDNN_IMPLEMENTATION", "xla")
+    monkeypatch.setattr(gpu_attention, "INTERPRET_OFF_GPU", True)
+    family, context, _ = CASES["attention_kernel"]
+    base = replace(family_config(family), {**context, "head_dim": 16})  # Triton: >= 16
+    variant = replace(base, {"attention_kernel": value})
+    picked = gpu_attention.resolve(variant)
+    assert picked != "xla", f"attention_kernel={value} resolves to xla on a GPU"
+    program = trace(variant)[1]
+    assert program != trace(base)[1], (
+        f"model.attention_kernel={value!r} traces the xla attention's program: its registry "
+        "entry (models/plan.py ATTENTION_BACKENDS) or its Stack hook was lost")
+    if picked != value:  # auto: the program of the kernel it picks
+        assert program == trace(replace(base, {"attention_kernel": picked}))[1]
 
 
 def test_the_tables_name_only_real_fields():

@@ -27,8 +27,8 @@ from t5lite.models import build_model, flash_bias
 from t5lite.models import gpu_attention as GA
 from t5lite.models import gpu_flash_kernels as G
 from t5lite.models import layers as L
+from t5lite.models.plan import ATTENTION_BACKENDS
 from t5lite.models.positions import RelativePositionBias, alibi_bias
-from t5lite.models.registry import AttentionBackend, kernel_attend
 from t5lite.train import losses
 from test_flash_attention import KV_SEG, Q_SEG, _packed_batch, _segments, _xla_bias
 
@@ -62,14 +62,14 @@ def _position_bias(cfg, t, s, kind, causal, table):
 
 def _run(cfg, kind, causal, cross, how, packed=True):
     """Output at real queries and the gradients of loss(params, x, kv, table) of one
-    MultiHeadAttention: ``how`` = xla (the model's bias), flash_gpu or cudnn (the wrapper)."""
+    MultiHeadAttention with the registered backend ``how``: xla (the model's bias),
+    flash_gpu or cudnn (the wrapper)."""
     q_seg, kv_seg = (Q_SEG, KV_SEG) if packed else (_segments([(150,), (90,), (31,)], 150),
                                                    _segments([(100,), (70,), (9,)], 100))
     q_seg = q_seg if cross else q_seg[:, :100] if causal else kv_seg
     kv_seg = kv_seg if cross else q_seg
     b, t, s = q_seg.shape[0], q_seg.shape[1], kv_seg.shape[1]
-    module = L.MultiHeadAttention(cfg, cross=cross, backend=L.XLA_ATTENTION if how == "xla"
-                                  else AttentionBackend(how, kernel_attend))
+    module = L.MultiHeadAttention(cfg, cross=cross, backend=ATTENTION_BACKENDS[how])
     x = jax.random.normal(KEY(1), (b, t, cfg.d_model)).astype(cfg.dtype)
     kv = jax.random.normal(KEY(2), (b, s, cfg.d_model)).astype(cfg.dtype)
     table = jax.random.normal(KEY(3), (cfg.num_heads, cfg.relative_buckets))
@@ -147,13 +147,9 @@ def test_cudnn_wrapper_equals_model_attention(case, packed):
 
 
 # ----------------------------------------------------------------------------- whole models
-# These build models with model.attention_kernel set to the new kernels: they run once the
-# choices reach the model (issue 47's seam registers the backends; until then the config
-# refuses the value and they skip, saying so).
-CHOICES = {f.name: f for f in dataclasses.fields(ModelConfig)}["attention_kernel"].metadata
-WIRED = pytest.mark.skipif("cudnn" not in CHOICES.get("choices", ()), reason=(
-    "model.attention_kernel has no 'cudnn' / 'flash_gpu' / 'auto' choice yet: the backends "
-    "are not registered with the model (issue 49 wiring)"))
+# Models built from the config (model.attention_kernel) with each kernel, against "xla".
+# On this CPU host "cudnn" runs its wrapper through XLA's implementation of the same call and
+# "flash_gpu" its Triton kernels interpreted: both refused here unless a test says so.
 
 
 def _model_grads(cfg, batch):
@@ -197,7 +193,6 @@ def _unpacked(batch):
 
 
 # (padded: the lengths path, also run per layer above; slow here, `pytest --runslow` runs it)
-@WIRED
 @pytest.mark.parametrize("packed", [True, pytest.param(False, marks=pytest.mark.slow)],
                          ids=["packed", "padded"])
 def test_t5_with_cudnn_wrapper_equals_xla(monkeypatch, packed):
@@ -210,15 +205,14 @@ def test_t5_with_cudnn_wrapper_equals_xla(monkeypatch, packed):
     _assert_models_agree(T5, "cudnn", batch if packed else _unpacked(batch))
 
 
-@WIRED
 def test_t5_with_flash_gpu_equals_xla(monkeypatch):
     """The same with model.attention_kernel="flash_gpu" (the Triton kernel interpreted):
     16-slot blocks, so every attention spans several query and key blocks."""
     monkeypatch.setattr(GA, "GPU_BLOCK", 16)
+    monkeypatch.setattr(GA, "INTERPRET_OFF_GPU", True)
     _assert_models_agree(T5, "flash_gpu", _packed_batch())
 
 
-@WIRED
 @pytest.mark.parametrize("family", ["gpt", "bert"])
 def test_gpt_and_bert_with_cudnn_wrapper_equal_xla(monkeypatch, family):
     """GPT-2 (causal, learned positions, scaled logits) and BERT (padding as sequence
@@ -263,28 +257,40 @@ def test_flash_gpu_lowers_to_triton_for_cuda():
 
 
 def test_auto_picks_per_backend():
-    """"auto": TPU -> flash, GPU -> cudnn where it covers the model (bf16 compute, no
-    attention dropout in training), else xla; CPU -> xla."""
+    """"auto": on a GPU cudnn where it covers the model (bf16 compute, no attention dropout
+    in training), else flash_gpu (head_dim a power of two), else xla; TPU and CPU xla (TPU
+    as before the choice existed: "flash" is chosen by name)."""
     cfg = dataclasses.replace(T5, attention_kernel="auto", dtype="bfloat16")
-    assert GA.resolve(cfg, backend="tpu") == "flash"
+    assert GA.resolve(cfg, backend="tpu") == "xla"
     assert GA.resolve(cfg, backend="gpu") == "cudnn"
     assert GA.resolve(cfg, backend="cpu") == "xla"
-    assert GA.resolve(dataclasses.replace(cfg, dtype="float32"), backend="gpu") == "xla"
+    f32 = dataclasses.replace(cfg, dtype="float32")
+    assert GA.resolve(f32, backend="gpu") == "flash_gpu"
+    assert GA.resolve(dataclasses.replace(f32, head_dim=24), backend="gpu") == "xla"
+    assert GA.resolve(dataclasses.replace(cfg, head_dim=24), backend="gpu") == "cudnn"
+    assert GA.resolve(dataclasses.replace(cfg, head_dim=256), backend="gpu") == "flash_gpu"
     dropout = dataclasses.replace(cfg, dropout_rate=0.1)
     assert GA.resolve(dropout, deterministic=False, backend="gpu") == "xla"
     assert GA.resolve(dropout, deterministic=True, backend="gpu") == "cudnn"
+    for mixer in (dict(architecture="prefix_lm"), dict(attention_type="lightweight_conv")):
+        assert GA.resolve(dataclasses.replace(cfg, **mixer), backend="gpu") == "xla"
 
 
 def test_kernels_refuse_what_they_lack():
-    """A named kernel that cannot cover the model: one line saying what to do."""
+    """A named kernel that cannot cover the model or run on this backend: one line saying
+    what to do."""
     cfg = dataclasses.replace(T5, dtype="bfloat16")
     cases = [("cudnn", {}, "cpu", "needs a CUDA GPU"),
+             ("cudnn", {}, "tpu", "needs a CUDA GPU"),
              ("cudnn", {"dtype": "float32"}, "gpu", "model.dtype=bfloat16"),
              ("cudnn", {"head_dim": 12}, "gpu", "head_dim"),
+             ("flash_gpu", {}, "cpu", "need a GPU"),
+             ("flash_gpu", {}, "tpu", "need a GPU"),
+             ("flash_gpu", {"head_dim": 48}, "gpu", "power of two"),
              ("flash_gpu", {"architecture": "prefix_lm"}, "gpu", "prefix-LM"),
              ("flash_gpu", {"dropout_rate": 0.1}, "gpu", "dropout_rate=0")]
     for kernel, fields, backend, message in cases:
         bad = dataclasses.replace(cfg, attention_kernel=kernel, **fields)
         with pytest.raises(UserError, match=message) as info:
             GA.resolve(bad, deterministic=False, backend=backend)
-        assert "\n" not in str(info.value)
+        assert "\n" not in str(info.value) and "model.attention_kernel='xla'" in str(info.value)

@@ -58,9 +58,10 @@ def check_mixing(m) -> None:
     if mixer.endswith("_conv") and m.conv_heads and m.d_model % m.conv_heads:
         raise UserError(f"model.conv_heads={m.conv_heads} must divide d_model={m.d_model} "
                         "(each kernel covers d_model / conv_heads channels); 0 = per channel.")
-    if (mixer != "multihead" or m.block_type != "transformer") and m.attention_kernel != "xla":
+    kernel = m.attention_kernel not in ("xla", "auto")  # auto is xla there
+    if (mixer != "multihead" or m.block_type != "transformer") and kernel:
         raise UserError(f"attention_type={mixer} / block_type={m.block_type} read the masks as "
-                        "arrays: use model.attention_kernel=xla.")
+                        "arrays: use model.attention_kernel=xla (or auto).")
     if mixer != "multihead" and m.weighted_transformer:
         raise UserError(f"attention_type={mixer} with weighted_transformer: the Weighted "
                         "Transformer's branched attention is its token mixer; set one of them.")

@@ -187,11 +187,16 @@ class ModelConfig(Section):
     # "accelerator" (its host backend is the CPU). Configs saved before the field read "auto".
     gradient_rules: str = setting("auto", choices=("auto", "cpu", "accelerator"))
     # Attention: "xla" = logits + a [B, H, T, S] mask / position bias; "flash" = the Pallas
-    # kernel of models/flash_attention.py, which makes T5's relative bias (or ALiBi) and the
-    # masks inside itself and never holds [T, S] in HBM (long inputs). Off TPU it runs in
-    # Pallas interpret mode (same numbers, slow: for tests). No attention dropout, prefix LM
-    # or PEFT prefix keys; decoding with a KV cache uses "xla".
-    attention_kernel: str = setting("xla", choices=("xla", "flash"))
+    # TPU kernel of models/flash_attention.py, which makes T5's relative bias (or ALiBi) and
+    # the masks inside itself and never holds [T, S] in HBM (long inputs). Off TPU it runs in
+    # Pallas interpret mode (same numbers, slow: for tests). GPU (models/gpu_attention.py):
+    # "cudnn" = cuDNN's fused attention (bfloat16 / float16, head_dim a multiple of 8 <= 128);
+    # "flash_gpu" = flash's Triton twin, the relative bias made in the kernel. "auto" = per
+    # backend when traced: on a GPU cudnn where it covers the model, else flash_gpu, else xla;
+    # elsewhere (CPU, TPU) xla; a run logs the pick. The kernels have no attention dropout,
+    # prefix LM or PEFT prefix keys, and a named one that cannot run here is refused;
+    # decoding with a KV cache uses "xla".
+    attention_kernel: str = setting("xla", choices=("xla", "flash", "cudnn", "flash_gpu", "auto"))
     # Family details (defaults = T5). BERT/GPT-2 presets in t5lite/config/presets.py set them.
     embed_norm: bool = False  # norm after summing embeddings (BERT)
     scale_attn_logits: bool = False  # q.k / sqrt(head_dim); T5 folds it into the query init

@@ -15,6 +15,12 @@ method in place of the [B, 1, T, S] mask bias, and layers.MultiHeadAttention cal
 Neither has attention dropout, the prefix-LM mask or PEFT prefix keys: refused in one line.
 Decoding with a KV cache and prompt tuning use the XLA attention (transformer.Stack), as
 with "flash".
+
+The registry entries (plan.ATTENTION_BACKENDS lists them): CUDNN_ATTENTION, FLASH_GPU_ATTENTION
+(their context refuses, in one line, a model or backend the kernel cannot run) and
+AUTO_ATTENTION, which stands for the kernel ``resolve`` picks when a Stack is traced (the
+backend and train / eval mode are known only then); ``describe`` is the line a run logs
+about that pick.
 """
 
 from __future__ import annotations
@@ -29,24 +35,39 @@ from flax import struct
 from jax.sharding import PartitionSpec as P
 
 from t5lite.errors import UserError
-from t5lite.models import flash_attention, flash_bias
+from t5lite.models import flash_attention, flash_bias, funnel
 from t5lite.models import gpu_flash_kernels as G
 from t5lite.models import layers as L
 from t5lite.models.positions import alibi_bias
+from t5lite.models.registry import AttentionBackend, kernel_attend
+from t5lite.models.transformer import LayerContext
 
-KERNELS = ("xla", "flash", "cudnn", "flash_gpu", "auto")
 # jax.nn.dot_product_attention's implementation for "cudnn". CPU tests set "xla" to run the
 # same wrapper (masks, lengths, bias and its gradient) where cuDNN is absent.
 CUDNN_IMPLEMENTATION = "cudnn"
+# Off a GPU flash_gpu's Triton kernels would run in Pallas interpret mode (exact, far too
+# slow for a run): refused unless a test sets this.
+INTERPRET_OFF_GPU = False
 GPU_BLOCK = 64  # flash_gpu's query and key blocks (tests shrink them)
+# "auto": per backend, the kernels to try, fastest first (DESIGN.md's H200 probe: cuDNN); where
+# none covers the model, and on every other backend, "xla". TPU too, as before "auto": "flash"
+# stays a choice made by name, since `t5lite compile` traces a TPU slice's step on a CPU host
+# (where "auto" is "xla") and a run must be the program its compile measured.
+AUTO_ORDER = {"gpu": ("cudnn", "flash_gpu")}
 
 
 # ----------------------------------------------------------------------------- choosing
 
 
+def default_backend() -> str:
+    """The backend the model is traced for now (the one place that reads it; tests simulate
+    a GPU by replacing it)."""
+    return jax.default_backend()
+
+
 def covers(cfg, kernel: str, deterministic: bool = True, backend: Optional[str] = None):
     """Why ``kernel`` cannot run this model (cfg: a ModelConfig) here, or None."""
-    backend = backend or jax.default_backend()
+    backend = backend or default_backend()
     if cfg.attention_type != "multihead" or cfg.block_type != "transformer":
         return "its token mixer reads the masks as arrays"
     if cfg.architecture == "prefix_lm":
@@ -56,33 +77,73 @@ def covers(cfg, kernel: str, deterministic: bool = True, backend: Optional[str] 
     if not deterministic and cfg.dropout_rate > 0:
         return "it has no attention dropout: set model.dropout_rate=0"
     if kernel == "cudnn":
-        if backend != "gpu" and CUDNN_IMPLEMENTATION == "cudnn":
-            return f"cuDNN needs a CUDA GPU (this process's backend is {backend})"
-        if jnp.dtype(cfg.dtype) not in (jnp.bfloat16, jnp.float16) and \
-                CUDNN_IMPLEMENTATION == "cudnn":
-            return "cuDNN attention computes in bfloat16 / float16: set model.dtype=bfloat16"
-        if cfg.head_dim % 8 or cfg.head_dim > 128:
-            return f"cuDNN needs head_dim a multiple of 8 up to 128 (it is {cfg.head_dim})"
+        return _cudnn_lacks(cfg, backend)
+    if kernel == "flash_gpu":
+        return _flash_gpu_lacks(cfg, backend)
+    return None
+
+
+def _cudnn_lacks(cfg, backend: str):
+    if CUDNN_IMPLEMENTATION == "cudnn" and backend != "gpu":
+        return f"cuDNN needs a CUDA GPU (this process's backend is {backend})"
+    if CUDNN_IMPLEMENTATION == "cudnn" and \
+            jnp.dtype(cfg.dtype) not in (jnp.bfloat16, jnp.float16):
+        return "cuDNN attention computes in bfloat16 / float16: set model.dtype=bfloat16"
+    if cfg.head_dim % 8 or cfg.head_dim > 128:
+        return f"cuDNN needs head_dim a multiple of 8 up to 128 (it is {cfg.head_dim})"
+    return None
+
+
+def _flash_gpu_lacks(cfg, backend: str):
+    if backend != "gpu" and not INTERPRET_OFF_GPU:
+        return (f"its Triton kernels need a GPU (this process's backend is {backend}; "
+                "elsewhere they would only be interpreted)")
+    if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
+        return f"Triton needs head_dim a power of two, at least 16 (it is {cfg.head_dim})"
     return None
 
 
 def resolve(cfg, deterministic: bool = True, backend: Optional[str] = None) -> str:
-    """The kernel a Stack uses (outside decoding and prompt tuning). "auto": the measured
-    fused kernel of the backend where it covers the model (TPU: "flash", GPU: "cudnn"), else
-    "xla". A named kernel that cannot cover the model is refused in one line."""
+    """The kernel a Stack uses (outside decoding and prompt tuning). "auto": the first kernel
+    of AUTO_ORDER[backend] that covers the model, else "xla". A named kernel that cannot cover
+    the model here is refused in one line."""
     kernel = cfg.attention_kernel
-    backend = backend or jax.default_backend()
+    backend = backend or default_backend()
     if kernel == "auto":
-        kernel = {"tpu": "flash", "gpu": "cudnn"}.get(backend, "xla")
-        return kernel if kernel == "xla" or covers(cfg, kernel, deterministic, backend) is None \
-            else "xla"
-    if kernel == "xla":
-        return kernel
+        return next((k for k in AUTO_ORDER.get(backend, ())
+                     if covers(cfg, k, deterministic, backend) is None), "xla")
+    if kernel != "xla":
+        refuse_unless_covered(cfg, kernel, deterministic, backend)
+    return kernel
+
+
+def refuse_unless_covered(cfg, kernel: str, deterministic: bool = True,
+                          backend: Optional[str] = None) -> None:
+    """A UserError, one line saying what to do, where ``kernel`` cannot run the model here."""
     why = covers(cfg, kernel, deterministic, backend)
     if why is not None:
         raise UserError(f"model.attention_kernel={kernel!r} cannot run this model: {why}; "
                         "use model.attention_kernel='xla' (or 'auto').")
-    return kernel
+
+
+def describe(cfg, backend: Optional[str] = None) -> str:
+    """The line a run logs about model.attention_kernel="auto" (cfg: a ModelConfig): what it
+    picks in training and in evaluation and why each faster kernel was passed over; "" for a
+    named kernel (it runs as named or is refused)."""
+    if cfg.attention_kernel != "auto":
+        return ""
+    backend = backend or default_backend()
+    train, evaluate = resolve(cfg, False, backend), resolve(cfg, True, backend)
+    order = AUTO_ORDER.get(backend, ())
+    ahead = order[:order.index(evaluate)] if evaluate in order else order
+    why = [f"not {k}: {covers(cfg, k, True, backend)}" for k in ahead]
+    picks = evaluate
+    if train != evaluate:  # only training's attention dropout differs between the modes
+        picks = f"{train} in training, {evaluate} in evaluation"
+        why.append(f"not {evaluate} in training: {covers(cfg, evaluate, False, backend)}")
+    return (f"model.attention_kernel=auto on {backend}: {picks}"
+            + (f" ({'; '.join(why)})" if why else "")
+            + ("; decoding with a KV cache: xla" if evaluate != "xla" else ""))
 
 
 def kernel_biases(stack, kernel: str, q_valid_BL, segments_BL, encoder_tokens_BS=None,
@@ -98,6 +159,36 @@ def kernel_biases(stack, kernel: str, q_valid_BL, segments_BL, encoder_tokens_BS
         return FlashGpuBias.of(attn), None if cross is None else FlashGpuBias.of(cross)
     return cudnn_biases(stack, attn, q_valid_BL, segments_BL, encoder_tokens_BS,
                         encoder_segments_BS)
+
+
+def _kernel_context(kernel: str, stack, q_valid_BL, segments_BL, rope_BL, encoded_BSD,
+                    encoder_tokens_BS, encoder_segments_BS, deterministic):
+    """The LayerContext of a Stack's layers with ``kernel``'s bias objects (as
+    flash_attention.flash_context), after refusing a model or backend it cannot run."""
+    refuse_unless_covered(stack.cfg, kernel, deterministic)
+    if encoded_BSD is not None:  # (a Funnel encoder's output is shorter than its ids)
+        encoder_tokens_BS, encoder_segments_BS = funnel.pool_ids(
+            stack.cfg, encoder_tokens_BS, encoder_segments_BS)
+    bias, cross_bias = kernel_biases(
+        stack, kernel, q_valid_BL, segments_BL,
+        None if encoded_BSD is None else encoder_tokens_BS, encoder_segments_BS, deterministic)
+    return LayerContext(bias=bias, rope_pos=rope_BL, encoded=encoded_BSD, cross_bias=cross_bias,
+                        valid=q_valid_BL, backend=ENTRIES[kernel])
+
+
+def _choose(cfg, deterministic: bool) -> AttentionBackend:
+    return ENTRIES[resolve(cfg, deterministic)]
+
+
+# model.attention_kernel = "cudnn" | "flash_gpu" | "auto" (registered in models/plan.py): the
+# layers' attention calls their bias objects' attend; "auto" is the entry resolve picks
+CUDNN_ATTENTION = AttentionBackend("cudnn", kernel_attend,
+                                   functools.partial(_kernel_context, "cudnn"))
+FLASH_GPU_ATTENTION = AttentionBackend("flash_gpu", kernel_attend,
+                                       functools.partial(_kernel_context, "flash_gpu"))
+AUTO_ATTENTION = AttentionBackend("auto", None, choose=_choose)
+ENTRIES = {"xla": L.XLA_ATTENTION, "flash": flash_attention.FLASH_ATTENTION,
+           "cudnn": CUDNN_ATTENTION, "flash_gpu": FLASH_GPU_ATTENTION}
 
 
 # ----------------------------------------------------------------------------- cudnn

@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 import flax.linen as nn
 
-from t5lite.models import electra, evolved, flash_attention, funnel, layers, local_conv, moe
+from t5lite.models import electra, evolved, flash_attention, funnel, gpu_attention, layers
+from t5lite.models import local_conv, moe
 from t5lite.models import pkm, residual, sharing, synthesizer, transparent, vocab_layers
 from t5lite.models.registry import AttentionBackend, BlockType, FFNLayer, OutputLayer, TokenMixer
 from t5lite.models.embeddings import FactorizedEmbed
@@ -37,7 +38,9 @@ def _registry(*entries) -> dict:
 
 # ----------------------------------------------------------------------------- registries
 # (adding a variant: its file defines its entry; one line here lists it)
-ATTENTION_BACKENDS = _registry(layers.XLA_ATTENTION, flash_attention.FLASH_ATTENTION)
+ATTENTION_BACKENDS = _registry(layers.XLA_ATTENTION, flash_attention.FLASH_ATTENTION,
+                               gpu_attention.CUDNN_ATTENTION, gpu_attention.FLASH_GPU_ATTENTION,
+                               gpu_attention.AUTO_ATTENTION)
 TOKEN_MIXERS = _registry(layers.MULTIHEAD, synthesizer.SYNTHESIZER, local_conv.CONVOLUTION)
 FFN_LAYERS = _registry(layers.DENSE_FFN, moe.MOE, moe.SWITCH, pkm.PKM)
 BLOCK_TYPES = _registry(BLOCK, evolved.EVOLVED_BLOCK)
@@ -103,12 +106,17 @@ class StackPlan:
     def decoder(self) -> bool:
         return self.kind == "decoder"
 
-    def backend_for(self, decode: bool, prompted: bool) -> AttentionBackend:
-        """The configured backend, or the arrays one (XLA) where a backend with its own
-        context cannot run: decoding with a KV cache, a soft prompt in front."""
-        if self.backend.context is not None and (decode or prompted):
+    def backend_for(self, decode: bool, prompted: bool,
+                    deterministic: bool = True) -> AttentionBackend:
+        """The configured backend ("auto": the one it picks for this trace's backend and
+        mode), or the arrays one (XLA) where a backend with its own context cannot run:
+        decoding with a KV cache, a soft prompt in front."""
+        backend = self.backend
+        if backend.choose is not None:
+            backend = backend.choose(self.cfg, deterministic)
+        if backend.context is not None and (decode or prompted):
             return layers.XLA_ATTENTION
-        return self.backend
+        return backend
 
 
 def ffn_layer_at(cfg, kind: str, index: int, depth: int) -> str:

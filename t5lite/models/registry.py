@@ -26,12 +26,15 @@ class AttentionBackend:
     encoder_tokens_BS, encoder_segments_BS, deterministic) -> LayerContext`` (with ``backend``
     this entry) whose ``bias`` / ``cross_bias`` are what ``attend`` reads. A backend with a
     context runs outside decoding and prompt tuning only: there the Stack uses the arrays
-    backend (StackPlan.backend_for).
+    backend (StackPlan.backend_for). ``choose``: an entry that stands for another, picked
+    when a Stack is traced, ``choose(stack_cfg, deterministic) -> AttentionBackend`` ("auto":
+    gpu_attention.resolve); such an entry never attends itself (``attend`` None).
     """
 
     name: str
-    attend: Callable
+    attend: Optional[Callable]
     context: Optional[Callable] = None
+    choose: Optional[Callable] = None
 
 
 def kernel_attend(module, q_BTHK, k_BSHK, v_BSHK, bias, deterministic):

@@ -259,7 +259,7 @@ class Stack(nn.Module):
             q_valid_BL = segments_BL != 0
         else:  # decoder inputs start with id 0 (BOS): only segment ids mark padding
             q_valid_BL = jnp.ones((b, t), bool) if segments_BL is None else segments_BL != 0
-        backend = plan.backend_for(decode, bool(self.num_prompt))
+        backend = plan.backend_for(decode, bool(self.num_prompt), deterministic)
         arrays = backend.context is None  # else the backend makes masks / biases itself
         if decode:
             seg_BL = jnp.ones((b, t), jnp.int32) if segments_BL is None else segments_BL
