@@ -17,6 +17,7 @@ import jax
 
 from t5lite.errors import Preempted, UserError
 from t5lite import peft, progress
+from t5lite.models import gpu_attention
 from t5lite.monitor import flops as flops_lib, goodput, profiler, writers
 from t5lite.store import checkpointing
 from t5lite.store import workdir as workdir_lib
@@ -158,6 +159,8 @@ class _Loop:
                                       started=run.started)
         self.profiler = profiler.Profiler(cfg.train.profile_steps, run.ckpt.workdir, logger.info)
         logger.info(peft.describe(cfg.model, self.state.params))
+        if line := gpu_attention.describe(cfg.model):  # what "auto" runs here, said once
+            logger.info(line)
         self.train_step = make_train_step(cfg, run.model, run.tx, run.mesh, run.shardings,
                                           trainable=run.trainable)
         self.eval_step = make_eval_step(cfg, run.model, run.mesh, run.shardings.params)
