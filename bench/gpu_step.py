@@ -14,9 +14,11 @@ torch.compile from those params, so the first-step losses must agree (to bf16 ro
 Both sides: bf16 compute over float32 params (t5lite: model.dtype=bfloat16; HF:
 torch.autocast), AdamW (constant lr 1e-4, weight decay 0.01 on matrices; torch's fused AdamW
 on CUDA), dropout 0, no remat, plain cross-entropy; unpacked random-token rows without
-padding. t5lite's attention: --attention-kernel (default "auto": cuDNN on a GPU where it
-covers the model). Steps: --warmup untimed (the first compiles; its time is "compile_s"),
-then --steps timed one by one (each waits for its result); the median is reported.
+padding. The t5lite side's config is made as `t5lite train --set` makes one (validated);
+its attention: --attention-kernel (default "auto": on a GPU cuDNN where it covers the model,
+else the Triton flash_gpu kernel, else xla; "attention" in the row is what ran). Steps:
+--warmup untimed (the first compiles; its time is "compile_s"), then --steps timed one by one
+(each waits for its result); the median is reported.
 - tokens/s: T5 B x (inputs + targets), BERT B x inputs, GPT B x length (monitor/flops.py).
 - MFU: t5lite's step_flops (3 x the forward's matmul FLOPs from its jaxpr, causal attention's
   masked half left out) / step time / the chip's dense bf16 peak from t5lite's chip table
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -74,22 +77,23 @@ def case_setup(name: str, smoke: bool) -> tuple:
 
 
 def make_config(name: str, smoke: bool, attention_kernel: str):
-    import dataclasses
-
+    """The case's config through the config path, as `t5lite train --set` would make it: the
+    preset, the bench's optimizer in full (every side trains with the same AdamW), then
+    dotted overrides, validated (a bad value is refused in one line, as on the CLI)."""
+    from t5lite import config as config_lib
     from t5lite.config import OptimizerConfig, presets
     family, size, batch, lengths = case_setup(name, smoke)
-    cfg = {"t5": presets.t5_1_1, "bert": presets.bert, "gpt": presets.gpt2}[family](size)
-    model = dict(dtype="bfloat16", dropout_rate=0.0, remat="none",
-                 attention_kernel=attention_kernel)
+    cfg = config_lib.copy_config(
+        {"t5": presets.t5_1_1, "bert": presets.bert, "gpt": presets.gpt2}[family](size))
+    cfg.optim = OptimizerConfig("adamw", learning_rate=1e-4, schedule="constant",
+                                warmup_steps=0, weight_decay=0.01, eps=1e-8)
+    changes = {"model.dtype": "bfloat16", "model.dropout_rate": 0.0, "model.remat": "none",
+               "model.attention_kernel": attention_kernel, "data.feature_lengths": lengths,
+               "data.batch_size": batch, "data.pack": False, "train.z_loss": 0.0,
+               "train.label_smoothing": 0.0, "train.steps": 1000}
     if family == "bert":
-        model["pooler"] = False  # BertForMaskedLM has no pooler
-    return dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, **model),
-        data=dataclasses.replace(cfg.data, feature_lengths=lengths, batch_size=batch,
-                                 pack=False),
-        optim=OptimizerConfig("adamw", learning_rate=1e-4, schedule="constant", warmup_steps=0,
-                              weight_decay=0.01, eps=1e-8),
-        train=dataclasses.replace(cfg.train, z_loss=0.0, label_smoothing=0.0, steps=1000))
+        changes["model.pooler"] = False  # BertForMaskedLM has no pooler
+    return config_lib.replace(cfg, changes)
 
 
 def step_tokens(name: str, smoke: bool) -> int:
@@ -157,6 +161,7 @@ def run_t5lite(args) -> dict:
             else _rss_mib() - base)
     return dict(timing, peak_mib=peak, flops=flops, device=device.device_kind,
                 peak_flops=topology.peak_flops(device.device_kind), jax=jax.__version__,
+                attention_kernel=cfg.model.attention_kernel,  # as configured; what ran:
                 attention=gpu_attention.resolve(cfg.model, deterministic=False),
                 params=sum(x.size for x in jax.tree.leaves(abstract.params)))
 
@@ -210,12 +215,14 @@ def run_hf(args) -> dict:
 
 
 def _failure(stderr: str) -> str:
-    """One line for a failed side: out of memory, or the error's last line."""
+    """One line for a failed side: out of memory, or the last exception line (JAX appends a
+    note on its filtered traceback after it), else the last line."""
     if "RESOURCE_EXHAUSTED" in stderr or "OutOfMemoryError" in stderr or "out of memory" in \
             stderr.lower():
         return "out of memory"
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else "failed with no message"
+    errors = [ln for ln in lines if re.match(r"[\w.]+(Error|Exception)\b.*: ", ln)]
+    return (errors or lines or ["failed with no message"])[-1][:300]
 
 
 def run_side(side: str, name: str, args, hf_dir: str, timeout: float) -> dict:
@@ -283,6 +290,15 @@ def markdown(rows: list) -> str:
     return "\n".join(out)
 
 
+def attention_kernels() -> tuple:
+    """model.attention_kernel's choices (the config schema; imports no jax)."""
+    import dataclasses
+
+    from t5lite.config import ModelConfig
+    return {f.name: f for f in dataclasses.fields(ModelConfig)}["attention_kernel"].metadata[
+        "choices"]
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="", help="JSON lines file (a markdown table beside: .md)")
@@ -294,7 +310,9 @@ def parse_args(argv):
                    help="tiny presets, 2 rows, 2 steps (CPU test of the whole path)")
     p.add_argument("--steps", type=int, default=0, help="timed steps (0: 10, smoke 2)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compile)")
-    p.add_argument("--attention-kernel", default="auto", help="t5lite's model.attention_kernel")
+    p.add_argument("--attention-kernel", default="auto", choices=attention_kernels(),
+                   help="t5lite's model.attention_kernel (auto: the fastest kernel that covers "
+                   "the model on this backend; the row records what ran)")
     p.add_argument("--budget-s", type=float, default=450.0, help="the whole run's seconds")
     p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--hf-dir", default="", help=argparse.SUPPRESS)

@@ -1,7 +1,8 @@
 """bench/gpu_step.py end to end on CPU with --smoke (tiny presets, 2 rows, 2 steps): t5lite's
 side (train step, FLOPs, the params written with t5lite's converter) and HF eager's (those
 params, bf16 autocast, AdamW) each in its own subprocess; their first-step losses agree, the
-JSON line and the markdown table carry every column. (torch.compile is left out here: on a CPU
+JSON line and the markdown table carry every column; model.attention_kernel is the default
+"auto", recorded with what it ran. (torch.compile is left out here: on a CPU
 it needs a C++ toolchain and minutes; the GPU run covers it.)"""
 
 import json
@@ -17,7 +18,8 @@ def test_gpu_step_smoke(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_step.py"), "--smoke",
                            "--cases", "gpt2_small", "--sides", "t5lite,hf_eager",
-                           "--attention-kernel", "xla", "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+                           "--out", str(out)], capture_output=True, text=True, env=env,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = [json.loads(line) for line in out.read_text().splitlines()]
     ours, hf = row["sides"]["t5lite"], row["sides"]["hf_eager"]
@@ -26,6 +28,7 @@ def test_gpu_step_smoke(tmp_path):
     for side in (ours, hf):
         assert side["step_s"] > 0 and side["tokens_per_s"] > 0 and side["peak_mib"] > 0
         assert side["mfu"] is None  # a CPU has no peak in the chip table
-    assert ours["flops"] > 0 and ours["attention"] == "xla"
+    # the default "auto" through the config path: xla on a CPU, recorded as what ran
+    assert ours["flops"] > 0 and ours["attention_kernel"] == "auto" and ours["attention"] == "xla"
     table = (tmp_path / "smoke.md").read_text()
     assert "| gpt2_small | 2 x 32 | t5lite |" in table and "| hf_eager |" in table
