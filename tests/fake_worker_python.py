@@ -26,7 +26,8 @@ def record(name, **item):
 
 
 def train(argv):
-    env = {k: v for k, v in os.environ.items() if k.startswith(("TPU_", "TENSORSTORE_", "MY_"))}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("TPU_", "TENSORSTORE_", "LIBTPU_", "MY_"))}
     record("starts.jsonl", argv=argv, run=os.environ["FAKE_RUN"], env=env)
     plan = json.load(open(os.path.join(FAKE, "plan.json")))
     action = plan[min(int(os.environ["FAKE_RUN"]) - 1, len(plan) - 1)]  # a slice's workers alike

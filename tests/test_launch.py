@@ -16,6 +16,8 @@ import types
 
 import pytest
 
+from t5lite.mesh import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch")
 
@@ -61,6 +63,11 @@ ALIVE = "--ssh-flag=-oServerAliveInterval=30 --ssh-flag=-oServerAliveCountMax=4"
 KEEPALIVE = ALIVE.split()
 PRESETS = ("env TPU_MIN_LOG_LEVEL=0 TPU_STDERR_LOG_LEVEL=1 "
            "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS=60 TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES=256")
+
+
+def presets(generation: str) -> str:
+    """PRESETS and the generation's LIBTPU_INIT_ARGS (t5lite/mesh/xla_flags.py), shell-quoted."""
+    return f"{PRESETS} " + shlex.quote(f"LIBTPU_INIT_ARGS={xla_flags.libtpu_init_args(generation)}")
 
 
 @pytest.mark.parametrize("accelerator,runtime,hosts,create", [
@@ -111,7 +118,7 @@ def test_tpu_dry_run_prints_exact_commands(accelerator, runtime, hosts, create):
         f"--project=my-proj {ALIVE} --command " + re.escape(shlex.quote(
             "bash ~/t5lite/launch/tpu_job.sh run --job-id JOB --env-file t5lite-env-JOB "
             "--logs-url gs://bkt/runs/a/worker_logs --sync-every 60 -- "
-            f"{PRESETS} ~/t5lite-venv/bin/python -m t5lite.cli train "
+            f"{presets(accelerator.split('-')[0])} ~/t5lite-venv/bin/python -m t5lite.cli train "
             "--config=configs/tiny_t5.py --workdir=gs://bkt/runs/a --set mesh.multihost=true "
             "--set train.steps=100")).replace("JOB", JOB_ID) + "\n", r.stdout)
     assert "/mnt/data" not in r.stdout + r.stderr and "T5LITE_DATA_DIR=***" in r.stderr
@@ -425,7 +432,7 @@ def test_tpu_end_to_end_on_a_queued_pod_slice(tmp_path):
     calls = [None, *calls]
     assert re.fullmatch(re.escape(
         "bash ~/t5lite/launch/tpu_job.sh run --job-id JOB --logs-url gs://bkt/runs/a/worker_logs "
-        f"--sync-every 1 -- {PRESETS} ~/t5lite-venv/bin/python -m t5lite.cli train "
+        f"--sync-every 1 -- {presets('v4')} ~/t5lite-venv/bin/python -m t5lite.cli train "
         "--config=configs/tiny_t5.py --workdir=gs://bkt/runs/a --set mesh.multihost=true "
         "--set train.steps=3").replace("JOB", JOB_ID), calls[1][-1])
     assert "t5lite-job: worker 0 exit 0" in r.stdout and "t5lite-job: worker 1 exit 0" in r.stdout
@@ -837,7 +844,8 @@ def test_tpu_env_values_never_printed_or_stored(tmp_path):
     assert start["env"] == {"MY_TOKEN": secret, "TPU_STDERR_LOG_LEVEL": "0",
                             "TPU_MIN_LOG_LEVEL": "0",
                             "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
-                            "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "256"}
+                            "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "256",
+                            "LIBTPU_INIT_ARGS": xla_flags.libtpu_init_args("v4")}
     assert "MY_TOKEN=***" in r.stderr
     home = cloud.worker("vm", 0)
     job_home = home / "t5lite-job"

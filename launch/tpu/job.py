@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
 import os
 import re
 import secrets
@@ -14,9 +15,10 @@ import tempfile
 
 from .fit_check import fit_check
 from .gcloud import Cloud, Node, check_ssh_agent
-from .layout import JOB, LOG_LINK, VENV_PYTHON, WORKER_LOGS
+from .layout import JOB, LOG_LINK, REPO_ROOT, VENV_PYTHON, WORKER_LOGS
 from .messages import LaunchError, note, verb_line
 from .preflight import check_bucket
+from .slices import parse_accelerator_type
 from .stopmark import mark_stopped
 from .vm import node_lost, require_node
 
@@ -28,8 +30,8 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # the job log and its copy in the workdir (0 adds libtpu's INFO lines there). TensorStore
 # (orbax's gs:// I/O): a transfer slower than 256 bytes/s for 60 s is retried instead of
 # stalling a checkpoint; the values jax's cloud_tpu_init defaults to, set here so that they
-# hold whatever imports first. No LIBTPU_INIT_ARGS: Google's and MaxText's published flags are
-# per model and libtpu release, not per generation, and an unknown flag aborts libtpu.
+# hold whatever imports first. LIBTPU_INIT_ARGS (worker_env): the slice generation's
+# asynchronous-collective flags, from the table `t5lite compile` and `t5lite train` read.
 ENV_PRESETS = {"TPU_MIN_LOG_LEVEL": "0", "TPU_STDERR_LOG_LEVEL": "1",
                "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
                "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "256"}
@@ -47,15 +49,39 @@ def user_env(args) -> dict[str, str]:
     return env
 
 
-def train_command_line(args) -> list[str]:
-    """The `t5lite train` invocation every worker runs (identical on all hosts); --env values
-    travel in a file (env_file_text), never on this line."""
+def _xla_flags():
+    """t5lite/mesh/xla_flags.py, loaded by its path (standard library only; this launcher
+    runs where t5lite may not be installed)."""
+    path = os.path.join(REPO_ROOT, "t5lite", "mesh", "xla_flags.py")
+    spec = importlib.util.spec_from_file_location("t5lite_xla_flags", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def worker_env(accelerator_type: str = "") -> dict[str, str]:
+    """ENV_PRESETS, and LIBTPU_INIT_ARGS with the generation's asynchronous-collective flags
+    (t5lite/mesh/xla_flags.py: the options `t5lite train` passes to each program it compiles,
+    here for every program of the process) when the slice's generation has any."""
+    env = dict(ENV_PRESETS)
+    if accelerator_type:
+        flags = _xla_flags().libtpu_init_args(parse_accelerator_type(accelerator_type)
+                                              .generation)
+        if flags:
+            env["LIBTPU_INIT_ARGS"] = flags
+    return env
+
+
+def train_command_line(args, accelerator_type: str = "") -> list[str]:
+    """The `t5lite train` invocation every worker runs (identical on all hosts) on a slice of
+    ``accelerator_type``; --env values travel in a file (env_file_text), never on this line,
+    and replace worker_env's."""
     if not args.workdir.startswith("gs://"):
         raise LaunchError(f"--workdir={args.workdir!r}: use a GCS path (gs://BUCKET/PATH). "
                           "All hosts must write one checkpoint together, and a TPU VM's disk "
                           "is deleted with the VM.")
     mine = user_env(args)
-    presets = [f"{k}={v}" for k, v in ENV_PRESETS.items() if k not in mine]
+    presets = [f"{k}={v}" for k, v in worker_env(accelerator_type).items() if k not in mine]
     cmd = ["env", *presets, VENV_PYTHON, "-m", "t5lite.cli", "train", f"--config={args.config}",
            f"--workdir={args.workdir}", "--set", "mesh.multihost=true"]
     for item in args.set or []:
@@ -72,10 +98,11 @@ def env_file_remote(job_id: str) -> str:
     return f"t5lite-env-{job_id}"  # in the worker's home; tpu_job.sh moves it (mode 600)
 
 
-def job_remote(args, job_id: str, detach: bool) -> str:
+def job_remote(args, job_id: str, detach: bool, accelerator_type: str = "") -> str:
     logs_url = args.workdir.rstrip("/") + "/" + WORKER_LOGS
     # the venv path stays unquoted so that the remote shell expands ~
-    train = " ".join(w if w == VENV_PYTHON else shlex.quote(w) for w in train_command_line(args))
+    train = " ".join(w if w == VENV_PYTHON else shlex.quote(w)
+                     for w in train_command_line(args, accelerator_type))
     env_file = f" --env-file {env_file_remote(job_id)}" if args.env else ""
     return (f"{JOB} run{' --detach' * detach} --job-id {job_id}{env_file} --logs-url "
             f"{shlex.quote(logs_url)} --sync-every {args.sync_logs_every} -- {train}")
@@ -151,7 +178,8 @@ def run_job(cloud: Cloud, args, node: Node, detach: bool, watch=None) -> Outcome
     under the job ends the wait at once ('lost'), whatever the ssh connection does."""
     job_id = new_job_id()
     ship_env(cloud, args, job_id)
-    rc, lines = cloud.stream(cloud.ssh_cmd(job_remote(args, job_id, detach)),
+    rc, lines = cloud.stream(cloud.ssh_cmd(job_remote(args, job_id, detach,
+                                                       node.accelerator_type)),
                              watch=None if detach else (watch or (lambda: node_lost(cloud))),
                              every=args.poll_seconds)
     if cloud.dry:

@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from t5lite.errors import UserError
+from t5lite.mesh import topology, xla_flags
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -146,13 +147,19 @@ def libtpu_stack_overflow_risk(model_cfg) -> bool:
 
 
 def compiler_options(cfg, mesh) -> dict:
-    """XLA options for programs jitted over ``mesh`` from ``cfg``: on TPU, collective matmuls
-    only when mesh.collective_matmul asks for them; nothing elsewhere."""
-    if mesh.devices.flat[0].platform != "tpu" or cfg.mesh.collective_matmul:
+    """XLA options for programs jitted over ``mesh`` from ``cfg``: on TPU, the chip
+    generation's asynchronous-collective options (xla_flags.ASYNC_COLLECTIVES, the table the
+    TPU launcher's LIBTPU_INIT_ARGS also come from) and collective matmuls only when
+    mesh.collective_matmul asks for them; nothing elsewhere."""
+    device = mesh.devices.flat[0]
+    if device.platform != "tpu":
         return {}
-    options = {_ALL_GATHER_MATMULS: False, _REDUCE_SCATTER_MATMULS: False}
-    if libtpu_stack_overflow_risk(cfg.model):
-        del options[_ALL_GATHER_MATMULS]  # XLA's default: on
+    chip = topology.chip_of(device.device_kind)
+    options = xla_flags.async_collective_options(chip.name if chip else "")
+    if not cfg.mesh.collective_matmul:
+        options.update({_ALL_GATHER_MATMULS: False, _REDUCE_SCATTER_MATMULS: False})
+        if libtpu_stack_overflow_risk(cfg.model):
+            del options[_ALL_GATHER_MATMULS]  # XLA's default: on
     return options
 
 

@@ -158,13 +158,19 @@ def abstract_devices(topo: Topology):
                         f"use {TOPOLOGY_HELP}") from None
 
 
-def peak_flops(device_kind: str):
-    """Peak FLOP/s of the chip jax calls ``device_kind``, or None when the table lacks it
-    (CPUs: no honest single number). The longest matching name wins ("TPU v5 lite" before
-    "TPU v5", "A100" before "A10")."""
-    by_kind = {kind: chip.peak_flops for chip in [*CHIPS.values(), *OTHER_CHIPS]
+def chip_of(device_kind: str):
+    """The Chip jax calls ``device_kind``, or None when the table lacks it (CPUs). The longest
+    matching name wins ("TPU v5 lite" before "TPU v5", "A100" before "A10")."""
+    by_kind = {kind: chip for chip in [*CHIPS.values(), *OTHER_CHIPS]
                for kind in chip.device_kinds}
     for kind in sorted(by_kind, key=len, reverse=True):
         if kind.lower() in device_kind.lower():
             return by_kind[kind]
     return None
+
+
+def peak_flops(device_kind: str):
+    """Peak FLOP/s of the chip jax calls ``device_kind`` (chip_of), or None when the table
+    lacks it (CPUs: no honest single number)."""
+    chip = chip_of(device_kind)
+    return chip.peak_flops if chip is not None else None
