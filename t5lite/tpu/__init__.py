@@ -12,7 +12,8 @@ Public entry points:
   (`t5lite compile --json` prints the same dict; CONTRACTS.md lists its keys);
   `compile.compile_decode(...)` the same for the decoding program;
   `compile.trace_train_step(cfg, mesh, model, tx)` the traced step on any devices;
-- `search.search(cfg, topo, hbm_bytes=0)`: meshes x remat x micro-batches, fastest fit first;
+- `search.search(cfg, topo, hbm_bytes=0)`: meshes x remat x collective matmuls x
+  micro-batches, fastest fit first;
 - `report.format_report(r)` / `report.format_decode_report(r)`: the text `t5lite compile`
   prints;
 - `hlo_cost.hlo_costs(hlo_text, chip)`, `hlo_cost.roofline_seconds(hlo, chip)`: costs of a
@@ -23,5 +24,6 @@ Public entry points:
 - `mesh.advice.mesh_advice(mesh, params_per_chip, opt_per_chip, hbm_bytes=0)`: the one line
   `t5lite compile` and `t5lite train` print when a mesh copies multi-GB training state on
   every chip of the data axis; `mesh.partitioning.compiler_options(cfg, mesh)`: XLA options of
-  a program compiled for TPU.
+  a program compiled for TPU (`mesh.xla_flags`: the asynchronous-collective ones per
+  generation).
 """

@@ -73,7 +73,8 @@ def _step_fields(cfg, topo: Topology, mesh) -> dict:
     """The report's description of the step and the slice."""
     return {"config": cfg.name, "topology": topo.name, "jax_topology": topo.jax_name,
             "chip": topo.chip.name, "chips": mesh.size, "mesh": dict(mesh.shape),
-            "remat": cfg.model.remat, "grad_accum_steps": cfg.train.grad_accum_steps,
+            "remat": cfg.model.remat, "collective_matmul": cfg.mesh.collective_matmul,
+            "grad_accum_steps": cfg.train.grad_accum_steps,
             "batch_size": cfg.data.batch_size,
             "tokens_per_step": flops_lib.tokens_per_step(cfg)}
 

@@ -1,5 +1,6 @@
-"""`t5lite compile --search`: meshes x remat policies x micro-batch counts compiled for a
-slice, the fitting ones ranked by expected step time (step_time.py)."""
+"""`t5lite compile --search`: meshes x remat policies x collective matmuls on / off x
+micro-batch counts compiled for a slice, the fitting ones ranked by expected step time
+(step_time.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import math
 from t5lite.errors import UserError
 from t5lite.tpu.compile import compile_step
 from t5lite.mesh.topology import GiB, Topology, abstract_devices
+
+REMATS = ("none", "minimal", "full")
 
 
 def _factorisations(chips: int, max_tensor: int = 8):
@@ -25,12 +28,21 @@ def _factorisations(chips: int, max_tensor: int = 8):
     return out
 
 
-def _try_remats(cfg, topo, devices, hbm_bytes, log, tried, config_lib, mesh_sets):
-    """Compile cfg with mesh_sets under each remat policy -> the reports that fit, or None when
-    the mesh does not divide the config (UserError)."""
+def _variants(data: int, fsdp: int, tensor: int) -> list:
+    """(remat, collective matmul) pairs to compile on a mesh: collective matmuls (XLA's
+    windowed einsums) only exist where a matmul's weights are sharded (fsdp or tensor > 1)."""
+    matmuls = (False, True) if fsdp > 1 or tensor > 1 else (False,)
+    return [(remat, cm) for remat in REMATS for cm in matmuls]
+
+
+def _try_variants(cfg, topo, devices, hbm_bytes, log, tried, config_lib, mesh_sets,
+                  variants) -> list | None:
+    """Compile cfg with mesh_sets under each (remat, collective matmul) variant -> the reports
+    that fit, or None when the mesh does not divide the config (UserError)."""
     found = []
-    for remat in ("none", "minimal", "full"):
-        sets = mesh_sets[:3] + [f"model.remat={remat}"] + mesh_sets[3:]
+    for remat, matmuls in variants:
+        sets = (mesh_sets[:3] + [f"model.remat={remat}", f"mesh.collective_matmul={matmuls}"]
+                + mesh_sets[3:])
         try:
             r = compile_step(config_lib.apply_overrides(cfg, sets), topo, devices, hbm_bytes)
         except UserError as e:
@@ -49,10 +61,12 @@ def _try_remats(cfg, topo, devices, hbm_bytes, log, tried, config_lib, mesh_sets
 
 
 def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 8) -> dict:
-    """Try meshes x remat policies x micro-batch counts: per mesh every remat policy (none,
-    minimal, full) at the fewest micro-batches any of them fits with (more micro-batches cost
-    time, not memory). All policies that fit are compiled: less remat is not always faster
-    (a step without remat can be HBM-bound and slower; bench/RESULTS.md, issue 34).
+    """Try meshes x remat policies x collective matmuls x micro-batch counts: per mesh every
+    remat policy (none, minimal, full), each with collective matmuls off and on (where the
+    mesh shards weights), at the fewest micro-batches any of them fits with (more micro-
+    batches cost time, not memory). All variants that fit are compiled: less remat is not
+    always faster (a step without remat can be HBM-bound and slower; bench/RESULTS.md, issue
+    34), and collective matmuls trade HBM traffic for overlapped ICI transfers.
     -> {"candidates": [report...] fitting, fastest first, "tried": [...], "best": report|None,
     "why_none": str}."""
     from t5lite import config as config_lib
@@ -61,9 +75,10 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
     for data, fsdp, tensor in _factorisations(topo.chips):
         accums = [a for a in (1, 2, 4, 8, 16) if a <= max_accum]
         for accum in accums:
-            found = _try_remats(cfg, topo, devices, hbm_bytes, log, tried, config_lib,
-                                [f"mesh.data={data}", f"mesh.fsdp={fsdp}",
-                                 f"mesh.tensor={tensor}", f"train.grad_accum_steps={accum}"])
+            found = _try_variants(cfg, topo, devices, hbm_bytes, log, tried, config_lib,
+                                  [f"mesh.data={data}", f"mesh.fsdp={fsdp}",
+                                   f"mesh.tensor={tensor}", f"train.grad_accum_steps={accum}"],
+                                  _variants(data, fsdp, tensor))
             if found is None:  # does not divide the batch / parameters: next mesh
                 break
             fitting += found
