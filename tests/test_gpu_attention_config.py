@@ -25,8 +25,8 @@ from t5lite.models import gpu_attention as GA
 from t5lite.models.plan import ATTENTION_BACKENDS
 from t5lite.train import trainer
 from numerics import assert_close_at_scale, assert_trees_close_at_scale
-from test_flash_attention import _segments
 from test_gpu_attention import T5, _model_grads
+from test_gpu_attention import _small_packed_batch as _t5_batch
 from train_helpers import tf_iterator, tiny_config
 
 CHOICES = {f.name: f for f in dataclasses.fields(ModelConfig)}["attention_kernel"].metadata[
@@ -40,35 +40,15 @@ def _gpt(**fields):
                num_decoder_layers=2, dropout_rate=0.0, max_length=64), **fields})
 
 
-# T5 at test size, one layer a stack (relative bias in both, cross-attention), and two rows of
-# packed, padded data: 3 / 2 blocks of 16 slots
-T5_SMALL = dataclasses.replace(T5, num_encoder_layers=1, num_decoder_layers=1)
-
-
-def _t5_batch():
-    """Two rows of packed encoder-decoder data, padding at the end."""
-    rng = np.random.default_rng(0)
-    batch = {}
-    for prefix, seg in (("encoder", _segments([(20, 18), (30,)], 48)),
-                        ("decoder", _segments([(10, 12), (16,)], 24))):
-        seg = np.asarray(seg)
-        pos = np.zeros_like(seg)
-        for r in range(seg.shape[0]):
-            for s_id in set(seg[r]) - {0}:
-                pos[r, seg[r] == s_id] = np.arange(np.sum(seg[r] == s_id))
-        batch[f"{prefix}_input_tokens"] = np.where(seg > 0, rng.integers(1, 64, seg.shape), 0)
-        batch[f"{prefix}_segment_ids"], batch[f"{prefix}_positions"] = seg, pos
-        if prefix == "decoder":
-            batch["decoder_target_tokens"] = np.where(seg > 0, rng.integers(1, 64, seg.shape), 0)
-            batch["decoder_loss_weights"] = (seg > 0).astype(np.float32)
-    return {k: jnp.asarray(v) for k, v in batch.items()}
-
-
 def _gpt_batch():
     tokens = np.random.default_rng(0).integers(1, 64, (2, 40)).astype(np.int32)
     return {k: jnp.asarray(v) for k, v in dict(
         decoder_input_tokens=tokens, decoder_target_tokens=np.roll(tokens, -1, 1),
         decoder_loss_weights=np.ones((2, 40), np.float32)).items()}
+
+
+# T5 at test size, one layer a stack (relative bias in both, cross-attention)
+T5_SMALL = dataclasses.replace(T5, num_encoder_layers=1, num_decoder_layers=1)
 
 
 @pytest.fixture
