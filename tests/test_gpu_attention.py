@@ -292,7 +292,8 @@ def test_auto_picks_per_backend():
     dropout = dataclasses.replace(cfg, dropout_rate=0.1)
     assert GA.resolve(dropout, deterministic=False, backend="gpu") == "xla"
     assert GA.resolve(dropout, deterministic=True, backend="gpu") == "cudnn"
-    for mixer in (dict(architecture="prefix_lm"), dict(attention_type="lightweight_conv")):
+    for mixer in (dict(architecture="prefix_lm"), dict(attention_type="lightweight_conv"),
+                  dict(funnel_blocks=(1, 1))):
         assert GA.resolve(dataclasses.replace(cfg, **mixer), backend="gpu") == "xla"
 
 

@@ -35,7 +35,7 @@ from flax import struct
 from jax.sharding import PartitionSpec as P
 
 from t5lite.errors import UserError
-from t5lite.models import flash_attention, flash_bias, funnel
+from t5lite.models import flash_attention, flash_bias
 from t5lite.models import gpu_flash_kernels as G
 from t5lite.models import layers as L
 from t5lite.models.positions import alibi_bias
@@ -70,6 +70,8 @@ def covers(cfg, kernel: str, deterministic: bool = True, backend: Optional[str] 
     backend = backend or default_backend()
     if cfg.attention_type != "multihead" or cfg.block_type != "transformer":
         return "its token mixer reads the masks as arrays"
+    if cfg.funnel_blocks:  # funnel.pool_context pools the mask array between layers
+        return "its Funnel encoder pools the attention mask as an array"
     if cfg.architecture == "prefix_lm":
         return "it has no prefix-LM mask"
     if cfg.peft.prefix_tokens:
@@ -166,9 +168,6 @@ def _kernel_context(kernel: str, stack, q_valid_BL, segments_BL, rope_BL, encode
     """The LayerContext of a Stack's layers with ``kernel``'s bias objects (as
     flash_attention.flash_context), after refusing a model or backend it cannot run."""
     refuse_unless_covered(stack.cfg, kernel, deterministic)
-    if encoded_BSD is not None:  # (a Funnel encoder's output is shorter than its ids)
-        encoder_tokens_BS, encoder_segments_BS = funnel.pool_ids(
-            stack.cfg, encoder_tokens_BS, encoder_segments_BS)
     bias, cross_bias = kernel_biases(
         stack, kernel, q_valid_BL, segments_BL,
         None if encoded_BSD is None else encoder_tokens_BS, encoder_segments_BS, deterministic)
