@@ -204,6 +204,9 @@ def test_training_builds_the_variant(name):
     (dict(ffn_layer="pkm", ffn_layer_at=(5,)), "not a layer"),
     (dict(ffn_layer="switch", num_experts=1), "num_experts >= 2"),
     (dict(ffn_init_scale=0.1, init_std=0.02), "init_std=0"),
+    # the kernels' bias objects are not mask arrays a Funnel encoder can pool (it failed in
+    # funnel.pool_context with an AttributeError before this rule)
+    (dict(funnel_blocks=(1, 1, 1), attention_kernel="flash"), "pools the encoder's attention"),
 ])
 def test_config_rules(fields, match):
     with pytest.raises(UserError, match=match):

@@ -62,6 +62,12 @@ def check_mixing(m) -> None:
     if (mixer != "multihead" or m.block_type != "transformer") and kernel:
         raise UserError(f"attention_type={mixer} / block_type={m.block_type} read the masks as "
                         "arrays: use model.attention_kernel=xla (or auto).")
+    if m.funnel_blocks and kernel:
+        # a Funnel encoder pools its mask array between layers (funnel.pool_context); the
+        # kernels' bias objects hold segment ids and a position table, not a mask to pool
+        raise UserError(f"model.funnel_blocks pools the encoder's attention mask as an array, "
+                        f"which attention_kernel={m.attention_kernel} does not build: use "
+                        "model.attention_kernel=xla (or auto).")
     if mixer != "multihead" and m.weighted_transformer:
         raise UserError(f"attention_type={mixer} with weighted_transformer: the Weighted "
                         "Transformer's branched attention is its token mixer; set one of them.")

@@ -28,7 +28,6 @@ from jax.sharding import PartitionSpec as P
 
 from t5lite.errors import UserError
 from t5lite.models import flash_bias, flash_kernels as K
-from t5lite.models import funnel
 from t5lite.models.registry import AttentionBackend, kernel_attend
 from t5lite.models.transformer import LayerContext
 
@@ -96,9 +95,6 @@ def flash_context(stack, q_valid_BL, segments_BL, rope_BL, encoded_BSD, encoder_
                   encoder_segments_BS, deterministic):
     """The LayerContext of a Stack's layers with the flash kernel: KernelBias objects (segment
     ids, this stack's relative bias table) in place of masks and position biases."""
-    if encoded_BSD is not None:  # (a Funnel encoder's output is shorter than its ids)
-        encoder_tokens_BS, encoder_segments_BS = funnel.pool_ids(
-            stack.cfg, encoder_tokens_BS, encoder_segments_BS)
     bias, cross_bias = kernel_biases(
         stack, q_valid_BL, segments_BL, None if encoded_BSD is None else encoder_tokens_BS,
         encoder_segments_BS, deterministic)
