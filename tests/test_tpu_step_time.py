@@ -136,6 +136,36 @@ def test_an_async_collective_fusion_is_one_collective_run_beside_its_carrying_fu
     assert r["exposed_seconds"] < gather_seconds()
 
 
+FOUR = "(f32[1024,1024]{1,0}, f32[8192,1024]{1,0}, f32[8192,1024]{1,0}, f32[1024,1024]{1,0})"
+PASS_THROUGH = """%carry_tuple (c0: f32[1024,1024], c1: f32[8192,1024], x: f32[1024,1024]) -> """ + FOUR + """ {
+  %c0 = f32[1024,1024]{1,0} parameter(0)
+  %c1 = f32[8192,1024]{1,0} parameter(1)
+  %x = f32[1024,1024]{1,0} parameter(2)
+  %g = f32[8192,1024]{1,0} """ + GATHER7.format("%c0") + """
+  %a = f32[1024,1024]{1,0} add(%x, %x)
+  ROOT %t = """ + FOUR + """ tuple(%c0, %c1, %g, %a)
+}
+
+"""
+
+
+def test_a_fusion_carrying_a_collective_costs_only_its_own_compute():
+    """libtpu's async collective fusions hand the collective's shard, destination buffer and
+    result through every fusion that carries it (a root tuple): those are the collective's
+    DMAs, not the fusion's HBM traffic. The fusion reads x and writes its add; the gather's
+    HBM bytes (its shard and result) count once, as a blocking gather's would."""
+    text = ("HloModule m, is_scheduled=true\n\n" + PASS_THROUGH
+            + "ENTRY %main (p: f32[1024,1024], buf: f32[8192,1024]) -> f32[1024,1024] {\n"
+            "  %p = f32[1024,1024]{1,0} parameter(0)\n"
+            "  %buf = f32[8192,1024]{1,0} parameter(1)\n"
+            f"  %ct = {FOUR} fusion(%p, %buf, %p), kind=kOutput, calls=%carry_tuple\n"
+            "  ROOT %r = f32[1024,1024]{1,0} get-tuple-element(%ct), index=3\n}\n")
+    costs = hlo_cost.hlo_costs(text, V5P)
+    assert costs["op_seconds"] == pytest.approx(2 * MB4 / V5P.hbm_bw)
+    assert costs["bytes"] == 2 * MB4 + 9 * MB4
+    assert costs["collectives"] == {"all-gather": {"count": 1, "bytes": 8 * MB4}}
+
+
 def test_a_loop_body_counts_its_trip_count():
     loop = """%cond (cp: (s32[], f32[1024,1024])) -> pred[] {
   %cp = (s32[], f32[1024,1024]{1,0}) parameter(0)

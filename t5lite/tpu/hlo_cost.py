@@ -247,9 +247,11 @@ def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: 
             params[int(re.search(r"parameter\((\d+)\)", line).group(1))] = name
     root = next((_DEF.match(line) for line in lines if line.lstrip().startswith("ROOT")), None)
     roots = [root.group(1)] if root else []
-    if root and root.group(3) == "tuple":
+    side = _collective_side(comps, fused, defs, root)
+    if root and root.group(3) in _PASS_THROUGH:
         roots = _operands(defs[root.group(1)][1], defs[root.group(1)][2])
-    written = _hbm_bytes(out_text)
+    written = (sum(_hbm_bytes(results.get(r, "")) for r in roots if r not in side) if side
+               else _hbm_bytes(out_text))
     for r in roots:
         kind, line, end = defs.get(r, ("", "", 0))
         if kind == "dynamic-update-slice" and _hbm_bytes(results.get(r, "")):
@@ -258,11 +260,38 @@ def _fusion_traffic(comps, fused: str, operands: list, results: dict, out_text: 
             written += root_dus[buf] - _shape_bytes(results.get(r, ""))
     read = 0
     for i, outer in enumerate(operands):
-        if params.get(i) in root_dus or not _hbm_bytes(results.get(outer, "")):
-            continue  # updated in place (the update is counted as written), or in VMEM
+        if (params.get(i) in root_dus or params.get(i) in side
+                or not _hbm_bytes(results.get(outer, ""))):
+            continue  # updated in place (the update is counted as written), the buffers of
+            # a collective the fusion carries, or in VMEM
         sliced = _sliced_read(comps, fused, i, results)
         read += sliced if sliced is not None else _hbm_bytes(results.get(outer, ""))
     return read + max(written, 0)
+
+
+# roots that hand their operands on unchanged: a tuple, or the custom call that ends an async
+# collective fusion's start or done
+_PASS_THROUGH = {"tuple", "custom-call"}
+
+
+def _collective_side(comps, fused: str, defs: dict, root) -> set:
+    """Names in fused computation ``fused`` (of an async collective fusion: its start, done or
+    a compute fusion carrying it) that only hold the collective's buffers: its result and the
+    parameters used by nothing but the collective and the root (the shard in flight, the
+    buffer it is gathered into, sync flags). They pass through in place: the collective's
+    DMAs move them, not the fusion (a blocking collective's bytes are not an instruction's
+    time either). Empty for a fusion without a collective."""
+    inner = fused_collective(comps, fused)
+    if inner is None or root is None:
+        return set()
+    coll = next(n for n, (kind, _, _) in defs.items() if kind == inner[0])
+    uses = {}
+    for name, (kind, line, end) in defs.items():
+        for o in _operands(line, end):
+            uses.setdefault(o, set()).add(name)
+    carriers = {coll} | ({root.group(1)} if root.group(3) in _PASS_THROUGH else set())
+    return {coll} | {n for n, (kind, _, _) in defs.items() if kind == "parameter"
+                     and uses.get(n) and uses[n] <= carriers}
 
 
 def fused_collective(comps: dict, fused: str):
@@ -362,6 +391,11 @@ class _ModuleCost:
             self.chains[caller].add(inner[3])
             nbytes = _collective_bytes(inner[0], inner[0], inner[1], inner[2], self.results)
             _add(total, {f"coll:{inner[0]}:count": 1, f"coll:{inner[0]}:bytes": nbytes})
+            # its HBM reads and writes, once, as a blocking one's (the fusions that carry it
+            # count only their own compute's: _collective_side)
+            hbm = _hbm_bytes(inner[1]) + sum(_hbm_bytes(self.results.get(o, ""))
+                                             for o in inner[2])
+            _add(total, {"bytes": hbm, "bytes_once": hbm})
         if kind in _NO_TRAFFIC or kind.endswith("-done"):
             return
         nbytes = int(kernel.group(2)) if kernel else self._traffic(kind, called, ops, out_text)
