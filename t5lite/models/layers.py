@@ -19,7 +19,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models import fixup
-from t5lite.models.gradient_rules import dot, recompute_in_backward
+from t5lite.models.gradient_rules import dot, recompute_in_backward, uses_cpu_rules
 from t5lite.models.positions import apply_rope
 from t5lite.models.registry import AttentionBackend, FFNLayer, TokenMixer
 
@@ -82,8 +82,9 @@ class DenseGeneral(nn.Module):
 
     The kernel is initialised as a 2-D (fan_in, fan_out) matrix, so fan-in is the product of
     the contracted dims (as in T5X), and with ``flat_kernel`` (model.flat_kernels) also stored
-    so, reshaped to [in..., out...] in the layer; its two logical axes are the first named
-    axis of each group (the major one: sharding it shards the joined dim the same way).
+    so (multiplied as stored or as an [in..., out...] view: ``_matmul``); its two logical
+    axes are the first named axis of each group (the major one: sharding it shards the joined
+    dim the same way).
     Without it the param has the [in..., out...] shape. Subclasses add to the output through
     ``output_update`` (none here; t5lite.peft.LoraDense: a low-rank update).
     """
@@ -109,15 +110,29 @@ class DenseGeneral(nn.Module):
 
         (in_dims, in_axes), (out_dims, out_axes) = self.stored_layout(in_shape, features)
         kernel = self.param("kernel", nn.with_logical_partitioning(init_fn, in_axes + out_axes),
-                            in_dims + out_dims, jnp.float32).reshape(shape)
+                            in_dims + out_dims, jnp.float32)
         x = x.astype(self.dtype)
-        y = dot(x, kernel.astype(self.dtype), self.n_in, rules=self.gradient_rules)
+        y = self._matmul(x, kernel.astype(self.dtype), in_shape, features)
         if self.use_bias:
             bias = self.param("bias", nn.with_logical_partitioning(
                 nn.initializers.zeros, self.kernel_axes[self.n_in:]), features, jnp.float32)
             y = y + bias.astype(self.dtype)
         update = self.output_update(x, in_shape, features)
         return y if update is None else y + update
+
+    def _matmul(self, x, stored, in_shape, features):
+        """x . kernel. On the accelerator rules a flat kernel multiplies as stored, one
+        [in, out] matmul (x and y reshaped), so its gradient is 2-D: libtpu gave the gradient
+        of a [D, H, K] view a layout with D minor and all-reduced it whole where fsdp shards
+        D; a 2-D one gets D major, as the MLP's, and is reduce-scattered (issue 50). The CPU
+        rules keep the view: XLA:CPU sums the flat matmul in another order (model digests)."""
+        if (not self.flat_kernel or (len(in_shape), len(features)) == (1, 1)
+                or uses_cpu_rules(self.gradient_rules)):
+            return dot(x, stored.reshape(in_shape + features), self.n_in,
+                       rules=self.gradient_rules)
+        lead = x.shape[:x.ndim - self.n_in]
+        y = dot(x.reshape(lead + stored.shape[:1]), stored, 1, rules=self.gradient_rules)
+        return y.reshape(lead + features)
 
     def output_update(self, x, in_shape, features):
         """A term added to the output, from the input ``x`` (in ``dtype``); None here."""
