@@ -233,7 +233,9 @@ def test_t5_with_flash_gpu_equals_xla(monkeypatch):
     _assert_models_agree(T5, "flash_gpu", _small_packed_batch())
 
 
-@pytest.mark.parametrize("family", ["gpt", "bert"])
+# (GPT: slow here; fast, the same guard: test_gpu_attention_config's GPT with auto on a GPU
+# runs cuDNN's wrapper and equals xla)
+@pytest.mark.parametrize("family", [pytest.param("gpt", marks=pytest.mark.slow), "bert"])
 def test_gpt_and_bert_with_cudnn_wrapper_equal_xla(monkeypatch, family):
     """GPT-2 (causal, learned positions, scaled logits) and BERT (padding as sequence
     lengths) with the cudnn wrapper: the XLA attention's logits and gradients."""
