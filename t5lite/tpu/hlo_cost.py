@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import re
 
+from t5lite.tpu.hlo_loops import DEF as _DEF, operands as _operands, trip_count as _trip_count
+
 _COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
                 "collective-permute", "ragged-all-to-all")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
@@ -65,89 +67,10 @@ def _parse_hlo(hlo_text: str):
     return comps, entry, results
 
 
-_DEF = re.compile(r"\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\(")
 # instructions that move no data of their own (views, tuples, control flow: its bodies count)
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
                "conditional", "call", "after-all", "partition-id", "replica-id", "copy-done",
                "opt-barrier", "async-done", "add-dependency", "domain"}
-
-
-def _trip_count(comps, while_line: str, caller: list) -> int:
-    """Iterations of an HLO while loop: its condition compares a loop-carried counter (tuple
-    element i) against a constant N; the body adds a constant step to element i, and the
-    caller's initial tuple holds its start (XLA's collective-matmul loops count 0, 2, 4 ...
-    in pairs). ceil((N - start) / step); a loop not of this form: its condition's largest
-    integer constant."""
-    cond = re.search(r"condition=%?([\w.\-]+)", while_line).group(1)
-    body = re.search(r"body=%?([\w.\-]+)", while_line).group(1)
-    consts = _constants(comps.get(cond, []))
-    index = {}
-    for line in comps.get(cond, []):
-        d = _DEF.match(line)
-        if d and d.group(3) == "get-tuple-element":
-            index[d.group(1)] = int(re.search(r"index=(\d+)", line).group(1))
-    for line in comps.get(cond, []):
-        d = _DEF.match(line)
-        if not d or d.group(3) != "compare":
-            continue
-        a, b = _operands(line, d.end())[:2]
-        direction = re.search(r"direction=(\w+)", line).group(1)
-        if a in index and b in consts and direction in ("LT", "LE", "NE"):
-            i, limit = index[a], consts[b] + (direction == "LE")
-        elif b in index and a in consts and direction in ("GT", "GE", "NE"):
-            i, limit = index[b], consts[a] + (direction == "GE")
-        else:
-            continue
-        step = _tuple_step(comps.get(body, []), i)
-        start = _tuple_start(caller, while_line, i)
-        return max(1, -(-(limit - start) // step))
-    return max(consts.values(), default=1)  # a counter we cannot trace: its bound
-
-
-def _constants(lines) -> dict:
-    out = {}
-    for line in lines:
-        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = [su](?:8|16|32|64)\[\]\S* constant\((-?\d+)\)",
-                     line)
-        if m:
-            out[m.group(1)] = int(m.group(2))
-    return out
-
-
-def _tuple_step(body: list, i: int) -> int:
-    defs = {}
-    for line in body:
-        d = _DEF.match(line)
-        if d:
-            defs[d.group(1)] = (d.group(3), _operands(line, d.end()))
-    consts = _constants(body)
-    root = next((_DEF.match(line) for line in body if line.lstrip().startswith("ROOT")), None)
-    if not root or defs[root.group(1)][0] != "tuple" or i >= len(defs[root.group(1)][1]):
-        return 1
-    kind, ops = defs.get(defs[root.group(1)][1][i], ("", []))
-    if kind == "add":
-        return next((consts[o] for o in ops if o in consts and consts[o] > 0), 1)
-    return 1
-
-
-def _tuple_start(caller: list, while_line: str, i: int) -> int:
-    init = re.search(r" while\(%([\w.\-]+)\)", while_line)
-    consts = _constants(caller)
-    for line in caller:
-        d = _DEF.match(line)
-        if d and init and d.group(1) == init.group(1) and d.group(3) == "tuple":
-            ops = _operands(line, d.end())
-            return consts.get(ops[i], 0) if i < len(ops) else 0
-    return 0
-
-
-def _operands(line: str, op_end: int) -> list:
-    args = line[op_end:]
-    depth, i = 1, 0
-    while i < len(args) and depth:  # up to the call's closing parenthesis
-        depth += {"(": 1, ")": -1}.get(args[i], 0)
-        i += 1
-    return re.findall(r"%([\w.\-]+)", args[:i])
 
 
 def _dims(text: str) -> list:
@@ -440,8 +363,8 @@ class _ModuleCost:
 
 def hlo_costs(hlo_text: str, chip=None) -> dict:
     """Per chip for one step of a compiled HLO module, every while loop's body times its trip
-    count (`_trip_count`: the loop counter's start, step and bound; XLA's cost_analysis counts
-    a body once, and the TPU compiler adds loops of its own: scanned layers, gradient
+    count (hlo_loops.trip_count: the loop counter's start, step and bound; XLA's cost_analysis
+    counts a body once, and the TPU compiler adds loops of its own: scanned layers, gradient
     accumulation, and the collective matmuls that split an all-gathered matmul into one step
     per shard), a conditional's costliest branch:
     - ``matmul_flops``: 2 x multiply-adds of every convolution and dot, with XLA's counting of

@@ -23,7 +23,7 @@ import dataclasses
 import math
 import re
 
-from t5lite.tpu import hlo_cost
+from t5lite.tpu import hlo_cost, hlo_loops
 
 # Latency of one ring step of a collective (a hop between neighbouring chips and its
 # synchronisation): an assumed microsecond, not a measured figure; it matters only where a
@@ -235,7 +235,7 @@ class _Replay:
     def _control(self, comp: str, line: str, kind: str) -> float:
         if kind == "while":
             body = re.search(r"body=%?([\w.\-]+)", line).group(1)
-            return self.run(body) * hlo_cost._trip_count(self.comps, line, self.comps[comp])
+            return self.run(body) * hlo_loops.trip_count(self.comps, line, self.comps[comp])
         if kind == "conditional":
             branches = hlo_cost._BRANCHES.search(line)
             names = [c.strip().lstrip("%") for c in branches.group(1).split(",")] \
@@ -282,7 +282,7 @@ def _scaled_collective_seconds(replay: _Replay, comps, entry: str) -> float:
             kind = d.group(3)
             if kind == "while":
                 body = re.search(r"body=%?([\w.\-]+)", line).group(1)
-                total += walk(body) * hlo_cost._trip_count(comps, line, comps[comp])
+                total += walk(body) * hlo_loops.trip_count(comps, line, comps[comp])
                 continue
             if kind.endswith("-done"):
                 continue
