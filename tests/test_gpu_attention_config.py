@@ -156,6 +156,18 @@ def test_named_gpu_kernel_on_cpu_is_refused_in_one_line(kernel):
     assert "\n" not in str(info.value) and "model.attention_kernel='xla'" in str(info.value)
 
 
+def test_flash_off_a_tpu_is_said_once_as_interpreted():
+    """The TPU kernel named on a CPU or GPU runs in Pallas interpret mode (tests use that): the
+    line a run logs says so and names the fix; on a TPU, and for xla, nothing is said."""
+    flash = dataclasses.replace(T5_SMALL, attention_kernel="flash")
+    for backend in ("cpu", "gpu"):
+        line = GA.describe(flash, backend)
+        assert line.startswith(f"model.attention_kernel=flash on {backend}: ") and (
+            "interpret mode" in line and "model.attention_kernel=xla or auto" in line), line
+    assert GA.describe(flash, "tpu") == ""
+    assert GA.describe(dataclasses.replace(T5_SMALL, attention_kernel="xla"), "cpu") == ""
+
+
 def test_other_token_mixers_take_auto_and_refuse_the_kernels():
     """A token mixer that reads the masks as arrays: "auto" is accepted (it is xla there),
     a named kernel is refused by the config, in one line."""

@@ -130,11 +130,16 @@ def refuse_unless_covered(cfg, kernel: str, deterministic: bool = True,
 
 def describe(cfg, backend: Optional[str] = None) -> str:
     """The line a run logs about model.attention_kernel="auto" (cfg: a ModelConfig): what it
-    picks in training and in evaluation and why each faster kernel was passed over; "" for a
-    named kernel (it runs as named or is refused)."""
+    picks in training and in evaluation and why each faster kernel was passed over; for
+    "flash" off a TPU, that the TPU kernel runs interpreted there; "" for any other named
+    kernel (it runs as named or is refused)."""
+    backend = backend or default_backend()
+    if cfg.attention_kernel == "flash" and backend != "tpu":
+        return (f"model.attention_kernel=flash on {backend}: the TPU kernel runs in Pallas "
+                "interpret mode here, far slower than xla (a correctness check, not a "
+                "speed-up): use model.attention_kernel=xla or auto")
     if cfg.attention_kernel != "auto":
         return ""
-    backend = backend or default_backend()
     train, evaluate = resolve(cfg, False, backend), resolve(cfg, True, backend)
     order = AUTO_ORDER.get(backend, ())
     ahead = order[:order.index(evaluate)] if evaluate in order else order
