@@ -161,10 +161,11 @@ def test_bucket_runs_are_the_models_buckets():
 # ----------------------------------------------------------------------------- whole model
 
 
-def _packed_batch(seed=0):
-    """Two rows of packed, padded encoder-decoder data (seqio's packed features)."""
+def _packed_batch(seed=0, encoder=([(40, 50), (70,)], 100), decoder=([(12, 20), (25,)], 40)):
+    """Two rows of packed, padded encoder-decoder data (seqio's packed features); ``encoder``
+    / ``decoder``: each row's segment lengths and the row length (_segments' arguments)."""
     rng = np.random.default_rng(seed)
-    enc_seg, dec_seg = _segments([(40, 50), (70,)], 100), _segments([(12, 20), (25,)], 40)
+    enc_seg, dec_seg = _segments(*encoder), _segments(*decoder)
     batch = {}
     for prefix, seg in (("encoder", enc_seg), ("decoder", dec_seg)):
         seg = np.asarray(seg)

@@ -30,7 +30,7 @@ from t5lite.models import layers as L
 from t5lite.models.plan import ATTENTION_BACKENDS
 from t5lite.models.positions import RelativePositionBias, alibi_bias
 from t5lite.train import losses
-from test_flash_attention import KV_SEG, Q_SEG, _segments, _xla_bias
+from test_flash_attention import KV_SEG, Q_SEG, _packed_batch, _segments, _xla_bias
 
 KEY = functools.partial(jax.random.key, impl="rbg")
 BLOCKS = dict(block_q=32, block_k=16)
@@ -189,21 +189,7 @@ T5 = ModelConfig(vocab_size=64, d_model=32, num_heads=2, head_dim=16, d_ff=64,
 def _small_packed_batch():
     """Two rows of packed encoder-decoder data, padding at the end: 48 / 24 slots, 3 / 2
     blocks of 16 (_packed_batch's 100 / 40 interpret several times longer)."""
-    rng = np.random.default_rng(0)
-    batch = {}
-    for prefix, seg in (("encoder", _segments([(20, 18), (30,)], 48)),
-                        ("decoder", _segments([(10, 12), (16,)], 24))):
-        seg = np.asarray(seg)
-        pos = np.zeros_like(seg)
-        for r in range(seg.shape[0]):
-            for s_id in set(seg[r]) - {0}:
-                pos[r, seg[r] == s_id] = np.arange(np.sum(seg[r] == s_id))
-        batch[f"{prefix}_input_tokens"] = np.where(seg > 0, rng.integers(1, 64, seg.shape), 0)
-        batch[f"{prefix}_segment_ids"], batch[f"{prefix}_positions"] = seg, pos
-        if prefix == "decoder":
-            batch["decoder_target_tokens"] = np.where(seg > 0, rng.integers(1, 64, seg.shape), 0)
-            batch["decoder_loss_weights"] = (seg > 0).astype(np.float32)
-    return {k: jnp.asarray(v) for k, v in batch.items()}
+    return _packed_batch(encoder=([(20, 18), (30,)], 48), decoder=([(10, 12), (16,)], 24))
 
 
 def _unpacked(batch):
