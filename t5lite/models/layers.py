@@ -124,8 +124,9 @@ class DenseGeneral(nn.Module):
         """x . kernel. On the accelerator rules a flat kernel multiplies as stored, one
         [in, out] matmul (x and y reshaped), so its gradient is 2-D: libtpu gave the gradient
         of a [D, H, K] view a layout with D minor and all-reduced it whole where fsdp shards
-        D; a 2-D one gets D major, as the MLP's, and is reduce-scattered (issue 50). The CPU
-        rules keep the view: XLA:CPU sums the flat matmul in another order (model digests)."""
+        D; a 2-D one gets D major, as the MLP's, and is reduce-scattered. The CPU rules keep
+        the view: XLA:CPU sums the flat matmul in another order, which would move the
+        recorded bit-identical model digests."""
         if (not self.flat_kernel or (len(in_shape), len(features)) == (1, 1)
                 or uses_cpu_rules(self.gradient_rules)):
             return dot(x, stored.reshape(in_shape + features), self.n_in,

@@ -170,8 +170,8 @@ class _Replay:
         if comp in self.memo:
             return self.memo[comp]
         self.memo[comp] = 0.0
-        lines = [(ln, d) for ln in self.comps.get(comp, []) if (d := hlo_cost._DEF.match(ln))]
-        infos = [self._collective(d.group(3), ln, d, hlo_cost._operands(ln, d.end()))
+        lines = [(ln, d) for ln in self.comps.get(comp, []) if (d := hlo_loops.DEF.match(ln))]
+        infos = [self._collective(d.group(3), ln, d, hlo_loops.operands(ln, d.end()))
                  for ln, d in lines]
         first, last = {}, {}  # channel -> index of its first / last fusion here
         for i, ((_, d), info) in enumerate(zip(lines, infos)):
@@ -185,7 +185,7 @@ class _Replay:
         clock, free, pending, marks = 0.0, {}, {}, {}
         for i, ((line, d), info) in enumerate(zip(lines, infos)):
             name, kind = d.group(1), d.group(3)
-            ops = hlo_cost._operands(line, d.end())
+            ops = hlo_loops.operands(line, d.end())
             if kind in ("while", "conditional", "call"):
                 clock += self._control(comp, line, kind)
                 continue
@@ -276,7 +276,7 @@ def _scaled_collective_seconds(replay: _Replay, comps, entry: str) -> float:
         memo[comp] = 0.0
         total, seen = 0.0, set()
         for line in comps.get(comp, []):
-            d = hlo_cost._DEF.match(line)
+            d = hlo_loops.DEF.match(line)
             if not d:
                 continue
             kind = d.group(3)
@@ -286,7 +286,7 @@ def _scaled_collective_seconds(replay: _Replay, comps, entry: str) -> float:
                 continue
             if kind.endswith("-done"):
                 continue
-            info = replay._collective(kind, line, d, hlo_cost._operands(line, d.end()))
+            info = replay._collective(kind, line, d, hlo_loops.operands(line, d.end()))
             if info and (kind != "fusion" or info[3] not in seen):
                 seen.add(info[3] if kind == "fusion" else None)
                 total += info[1]
