@@ -45,13 +45,19 @@ def sandbox() -> bool:
     if os.environ.get("T5LITE_DATA_DIR"):
         real.append(os.path.abspath(os.path.expanduser(os.environ["T5LITE_DATA_DIR"])))
     root = tempfile.mkdtemp(prefix="t5lite-tests-")
-    for sub in ("home", "data"):
+    for sub in ("home", "data", "jax_cache"):
         os.makedirs(os.path.join(root, sub))
     os.environ[GUARDED_ENV] = os.pathsep.join(real)
     os.environ[SANDBOX_ENV] = root
     os.environ["HOME"] = os.path.join(root, "home")
     os.environ["T5LITE_DATA_DIR"] = os.path.join(root, "data")
     os.environ.pop("XDG_CACHE_HOME", None)  # caches follow HOME too
+    # One compilation cache for the session's processes (workers and the CLI runs they start
+    # inherit it): tests compile the same small programs many times. It starts empty, as on a
+    # new machine; a cache under the system temp dir outlived the run and made every later
+    # suite on the same machine faster than a fresh one.
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(root, "jax_cache")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
     return True
 
 

@@ -14,9 +14,7 @@ import pytest
 from t5lite.errors import UserError
 from t5lite.store import checkpointing
 from t5lite.train import trainer
-from train_helpers import enable_compilation_cache, tf_iterator, tiny_config
-
-CACHE = enable_compilation_cache()
+from train_helpers import tf_iterator, tiny_config
 
 
 def _losses(workdir):

@@ -486,7 +486,6 @@ SMALL = ["model.d_model=32", "model.num_heads=2", "model.head_dim=16", "model.d_
 @pytest.fixture
 def test_scale(monkeypatch):
     """A few steps at 32 input tokens; the rows' `:=` lengths follow (they see L = 32)."""
-    train_helpers.enable_compilation_cache()  # the rows' finetuning programs are the same
     monkeypatch.setitem(ablations.SCALES, "test", ablations.Scale(
         pretrain=("train.steps=3", "checkpoint.every_steps=3", "train.eval_steps=0",
                   "data.batch_size=8", "data.feature_lengths={'inputs': 32, 'targets': 16}"),
@@ -554,7 +553,6 @@ def test_paper_scale_row_end_to_end_on_tfds_fixtures(data_dir, tmp_path):
     import seqio
     from test_formats import write_paper_tfds
     from t5lite.tasks import ablation_tasks
-    train_helpers.enable_compilation_cache()
     root = write_paper_tfds(str(tmp_path / "tfds"))
     seqio.set_tfds_data_dir_override(root)
     ablation_tasks.register_paper("t5lite_sp8k")

@@ -21,10 +21,9 @@ from t5lite.train import optim, trainer
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.peft import build_model
-from train_helpers import enable_compilation_cache, tf_iterator, tiny_config
+from train_helpers import tf_iterator, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = enable_compilation_cache()
 
 
 def train_losses(workdir):
@@ -178,8 +177,7 @@ def _cli(workdir, data_dir):
     for o in CLI_OVERRIDES:
         cmd += ["--set", o]
     env = dict(os.environ, T5LITE_DATA_DIR=data_dir, JAX_PLATFORMS="cpu",
-               TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, JAX_COMPILATION_CACHE_DIR=CACHE,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+               TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT,
                XLA_FLAGS="--xla_force_host_platform_device_count=1")
     return cmd, env
 

@@ -209,8 +209,6 @@ def test_train_on_gcs_writes_resumes_and_is_refused_while_locked(bucket, data_di
     """`t5lite train --workdir gs://...`: checkpoints, data state, metrics, TensorBoard and
     config reach the bucket; a second invocation resumes from them (earlier metrics lines
     kept); a run while another process holds the lock is refused and writes nothing."""
-    from train_helpers import enable_compilation_cache
-    enable_compilation_cache()
     run = f"{bucket}/run"
     logs = f"{run}/worker_logs/20260101T000000Z/worker-0.log"  # launch/tpu_job.sh's copies
     gcs.blob(logs).upload_from_string(b"=== t5lite job on worker 0\n")

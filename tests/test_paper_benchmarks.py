@@ -61,7 +61,6 @@ def paper_tfds(data_dir, tmp_path_factory):
     `--scale paper` tasks registered over them with the test vocabulary (the t5 one restored
     afterwards)."""
     from t5lite.tasks import ablation_tasks
-    train_helpers.enable_compilation_cache()
     root = tfds_fixtures.write_all(str(tmp_path_factory.mktemp("tfds")), _tfds_names(
         BENCHMARKS + task_catalog.paper_multitask_members()))
     seqio.set_tfds_data_dir_override(root)

@@ -11,9 +11,7 @@ from t5lite.errors import UserError
 from t5lite.models import build_model
 from t5lite.mesh import partitioning
 from t5lite.train import optim, trainer
-from train_helpers import enable_compilation_cache, synthetic_batches, tiny_config
-
-enable_compilation_cache()
+from train_helpers import synthetic_batches, tiny_config
 
 
 def mesh_cfg(data, fsdp, tensor):

@@ -26,10 +26,8 @@ from t5lite.cli import main as cli
 from t5lite.errors import UserError
 from t5lite.store import gcs
 from test_gcs import bucket, emulator  # noqa: F401  (fixtures: the GCS emulator)
-from train_helpers import enable_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = enable_compilation_cache()
 BASE = [
     "model.vocab_size=768", "model.d_model=32", "model.num_heads=4", "model.head_dim=8",
     "model.d_ff=64", "model.num_encoder_layers=1", "model.num_decoder_layers=1",
@@ -145,8 +143,7 @@ def wd(trained, tmp_path):
 
 def _env(data_dir, devices=1):
     return dict(os.environ, T5LITE_DATA_DIR=data_dir, JAX_PLATFORMS="cpu",
-                TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, JAX_COMPILATION_CACHE_DIR=CACHE,
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+                TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT,
                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
 
 

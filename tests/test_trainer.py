@@ -14,11 +14,8 @@ from t5lite.train import optim, trainer
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.models import build_model
-from train_helpers import (enable_compilation_cache, steps_per_accumulation, synthetic_batches,
-                           tf_iterator, tiny_config)
+from train_helpers import steps_per_accumulation, synthetic_batches, tf_iterator, tiny_config
 from numerics import assert_trees_close_at_scale
-
-enable_compilation_cache()
 
 
 def read_metrics(workdir, split="train"):

@@ -1,9 +1,6 @@
 """Shared by the model and training tests: a tiny config and synthetic batches with the
 contract's keys (so these tests do not depend on the data pipeline)."""
 
-import os
-import tempfile
-
 import numpy as np
 
 from t5lite import config as config_lib
@@ -125,12 +122,3 @@ def tf_iterator(cfg, n=64, seed=0):
     batches = synthetic_batches(cfg, n, seed)
     stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
     return iter(tf.data.Dataset.from_tensor_slices(stacked).repeat())
-
-
-def enable_compilation_cache():
-    """Reuse compiled steps across the several train() runs of a test (same programs)."""
-    import jax
-    path = os.path.join(tempfile.gettempdir(), "t5lite_test_jax_cache")
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    return path
