@@ -23,9 +23,8 @@ import pytest
 
 from t5lite.config import ModelConfig, presets
 from t5lite.errors import UserError
-from t5lite.models import build_model, flash_bias
+from t5lite.models import build_model
 from t5lite.models import gpu_attention as GA
-from t5lite.models import gpu_flash_kernels as G
 from t5lite.models import layers as L
 from t5lite.models.plan import ATTENTION_BACKENDS
 from t5lite.models.positions import RelativePositionBias, alibi_bias
@@ -251,7 +250,6 @@ def test_flash_gpu_lowers_to_triton_for_cuda():
     host (jax builds the Triton module here; an op or shape Triton cannot take fails): T5
     base's heads at 64-slot blocks, bfloat16, packed."""
     seg = jnp.ones((2, 256), jnp.int32)
-    table = jnp.zeros((12, 32))
 
     def loss(q, k, v, table):
         bias = GA.FlashGpuBias(seg, seg, table, "relative", causal=True, bidirectional=False)
