@@ -191,6 +191,21 @@ def test_training_saves_predictions_per_eval_step_and_config_for_tensorboard(wor
     assert not [r for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING]
 
 
+def test_eval_and_infer_say_what_the_attention_kernel_runs(workdir, capsys):
+    """`t5lite eval` / `infer` / `eval-shots` load through evaluation.load: "auto" says its
+    pick and "flash" off a TPU says it runs interpreted, once, on stderr (infer's JSON lines
+    may be stdout); xla says nothing."""
+    for kernel, said in (("auto", "model.attention_kernel=auto on cpu: xla"),
+                         ("flash", "model.attention_kernel=flash on cpu: the TPU kernel runs "
+                                   "in Pallas interpret mode"), ("xla", None)):
+        evaluation.load_ensemble([workdir, workdir], [f"model.attention_kernel={kernel}"])
+        out, err = capsys.readouterr()
+        lines = [ln for ln in err.splitlines() if "attention_kernel" in ln]
+        assert "attention_kernel" not in out
+        assert lines == ([] if said is None else [lines[0]]), lines
+        assert said is None or lines[0].startswith(f"t5lite: {said}"), lines
+
+
 def test_self_consistency_eval_through_overrides(workdir):
     """decode.method=self_consistency votes over the task's postprocessed answers; one sample
     per input scores exactly as plain sampling with the same seed."""

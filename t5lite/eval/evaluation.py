@@ -13,6 +13,7 @@ are scored by argmax(class_logits) == class_labels over the split.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from typing import Iterable, Optional, Sequence
 
@@ -394,9 +395,12 @@ class TrainEvaluator:
 # ------------------------------------------------------------------------ checkpoint -> records
 
 
-def load(checkpoint: str, overrides: Sequence[str] = ()):
-    """-> (cfg with overrides applied, model, params) from any checkpoint layout."""
+def load(checkpoint: str, overrides: Sequence[str] = (), say_kernel: bool = True):
+    """-> (cfg with overrides applied, model, params) from any checkpoint layout. Says on
+    stderr (stdout may be `infer`'s output) what model.attention_kernel="auto" runs here, or
+    that "flash" runs interpreted off a TPU, as training does."""
     from t5lite import peft
+    from t5lite.models import gpu_attention
     from t5lite import progress
     from t5lite.store import checkpointing
     with progress.quiet_absl():
@@ -410,13 +414,15 @@ def load(checkpoint: str, overrides: Sequence[str] = ()):
     tfds_dir.use_tfds_data_dir(cfg.data.tfds_data_dir)
     builtin.use_paper_vocabulary(cfg.data.paper_vocabulary)
     pipeline.import_task_modules(cfg.data.task_modules, cfg.data.task_module_files)
+    if say_kernel and (line := gpu_attention.describe(cfg.model)):
+        print(f"t5lite: {line}", file=sys.stderr, flush=True)
     return cfg, peft.build_model(cfg.model), params
 
 
 def load_ensemble(checkpoints: Sequence[str], overrides: Sequence[str] = ()):
     """-> (the first member's cfg with overrides applied, model, decoding.Ensemble of every
     member's params): members of one model config, decoded with the mean of their logits."""
-    loaded = [load(c, overrides) for c in checkpoints]
+    loaded = [load(c, overrides, say_kernel=i == 0) for i, c in enumerate(checkpoints)]
     cfg, model, _ = loaded[0]
     for c, (other, _, _) in zip(checkpoints[1:], loaded[1:]):
         if other.model != cfg.model:
