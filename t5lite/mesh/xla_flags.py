@@ -10,9 +10,9 @@ With libtpu's defaults every fsdp all-gather of a step is scheduled blocking (be
 "TPU: asynchronous collectives per chip generation"). MaxText passes these flags through
 LIBTPU_INIT_ARGS in its run scripts; the values here are theirs, per generation, as of
 AI-Hypercomputer/maxtext e591f30cbbf217ed67ef71263ec0538239f9c3b8. Flags MaxText tunes per
-model (scoped VMEM limits, reduce-scatter layouts) are left out. libtpu aborts on a flag it does not know in
-LIBTPU_INIT_ARGS (and refuses one as a compile option): tests/test_xla_flags.py compiles with
-each generation's set on the pinned libtpu.
+model (scoped VMEM limits, reduce-scatter layouts) are left out. libtpu aborts on a flag it
+does not know in LIBTPU_INIT_ARGS (and refuses one as a compile option):
+tests/test_xla_flags.py compiles with each generation's set on the pinned libtpu.
 """
 
 from __future__ import annotations
