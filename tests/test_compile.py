@@ -527,6 +527,18 @@ def test_decode_program_compiles_with_its_cache(capsys):
     assert r["bytes_per_chip"]["temp"] > 0 and r["cost_analysis_flops_per_chip"] > 0
 
 
+def test_decode_program_takes_the_compiler_options(monkeypatch):
+    """The decode program compiles with partitioning.compiler_options, as the train step
+    does (libtpu refuses an option it does not know: the options reached it)."""
+    from t5lite.mesh import partitioning
+    monkeypatch.setattr(partitioning, "compiler_options",
+                        lambda c, m: {"xla_t5lite_no_such_option": True})
+    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=4", "decode.max_length=8",
+                                               "data.feature_lengths.targets=32"])
+    with pytest.raises(Exception, match="xla_t5lite_no_such_option"):
+        tpu_compile.compile_decode(cfg, tpu_topology.parse_topology("v5litepod-1"))
+
+
 def test_xla_out_of_memory_is_a_does_not_fit_report():
     import types
     cfg = config_lib.load_config("gpt2_tiny", SMALL["gpt2_tiny"])

@@ -303,3 +303,23 @@ def test_self_consistency_votes_for_the_mode_of_the_model_distribution(decoder_o
             assert out["answers"] == [label_s]
             assert int(out["tokens"][0, 0]) in S
             assert abs(out["votes"][0] / n - p_s) < 0.12
+
+
+def test_predictor_programs_take_the_meshs_compiler_options(encdec, monkeypatch):
+    """Decoding and scoring on a mesh compile with partitioning.compiler_options (on a TPU:
+    the train step's asynchronous collectives): an option no XLA knows is refused by both."""
+    from t5lite.eval import evaluation
+    from t5lite.mesh import partitioning
+    model, params = encdec
+    cfg = config_lib.Config(model=model.cfg)
+    cfg.data.feature_lengths = {"inputs": 8, "targets": 8}
+    cfg.eval.batch_size, cfg.decode.max_length = 2, 4
+    mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
+    monkeypatch.setattr(partitioning, "compiler_options",
+                        lambda c, m: {"xla_t5lite_no_such_option": True})
+    pred = evaluation.Predictor(cfg, model, params, eos_id=1, mesh=mesh)
+    with pytest.raises(Exception, match="xla_t5lite_no_such_option"):
+        pred.predict([[3, 4, 5]])
+    with pytest.raises(Exception, match="xla_t5lite_no_such_option"):
+        pred.score([[3, 4, 5]], [[6, 1]])
+    assert evaluation.Predictor(cfg, model, params, eos_id=1).predict([[3, 4, 5]])  # no mesh

@@ -306,7 +306,7 @@ def runtime_knobs(dcfg) -> dict:
             "alpha": np.float32(dcfg.alpha)}
 
 
-def make_generate_fn(model, dcfg, eos_id: int):
+def make_generate_fn(model, dcfg, eos_id: int, compiler_options=None):
     """-> fn(params, inputs_BS, lengths_B, key, answer_fn=None) -> {"tokens" [B, max_length],
     "scores" [B]} (+ "beams" [B, N, max_length], "beam_scores" [B, N] for beam search; for
     self_consistency numpy outputs plus "samples" [B, N, max_length], "sample_scores" [B, N],
@@ -321,10 +321,11 @@ def make_generate_fn(model, dcfg, eos_id: int):
     check(dcfg, model.cfg)
     beams = dcfg.beams if dcfg.method == "beam" else 0
     samples = dcfg.num_samples if dcfg.method == "self_consistency" else 0
-    sig = (repr(model.cfg), beams, samples, dcfg.max_length)
+    options = dict(compiler_options or {})  # the mesh's (partitioning.compiler_options)
+    sig = (repr(model.cfg), beams, samples, dcfg.max_length, tuple(sorted(options.items())))
     if sig not in _FNS:
         _FNS[sig] = jax.jit(functools.partial(generate_program, model, beams, samples,
-                                              dcfg.max_length))
+                                              dcfg.max_length), compiler_options=options or None)
     jitted, knobs = _FNS[sig], dict(runtime_knobs(dcfg), eos_id=np.int32(eos_id))
     if not samples:
         return lambda params, inputs_BS, lengths_B, key, answer_fn=None: jitted(
@@ -432,7 +433,7 @@ def generate(model, params, dcfg, inputs_BS, lengths_B=None, eos_id: int = 1, ke
 # ----------------------------------------------------------------------------- scoring
 
 
-def make_score_fn(model):
+def make_score_fn(model, compiler_options=None):
     """-> jit fn(params, batch) -> [B] sum of log p(target token) over decoder_loss_weights
     (teacher forcing: the log-likelihood of given targets, for score / rank evaluation)."""
     def logits(params, batch):
@@ -450,4 +451,4 @@ def make_score_fn(model):
         ll_BL = jnp.take_along_axis(logp_BLV, tgt_BL[..., None], axis=-1)[..., 0]
         weights_BL = batch.get("decoder_loss_weights", (tgt_BL != 0).astype(jnp.int32))
         return jnp.sum(ll_BL * weights_BL, axis=1)
-    return jax.jit(score)
+    return jax.jit(score, compiler_options=dict(compiler_options or {}) or None)

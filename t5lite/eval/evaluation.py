@@ -89,8 +89,11 @@ class Predictor:
                        self.prompt_length)
         dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
         self.batch_size = _round_up(cfg.eval.batch_size, dp)
-        self._generate = decoding.make_generate_fn(model, cfg.decode, eos_id)
-        self._score = decoding.make_score_fn(model)
+        # on a TPU mesh, the train step's XLA options (asynchronous collectives) for these too
+        from t5lite.mesh import partitioning
+        options = {} if mesh is None else partitioning.compiler_options(cfg, mesh)
+        self._generate = decoding.make_generate_fn(model, cfg.decode, eos_id, options)
+        self._score = decoding.make_score_fn(model, options)
         self._key = jax.random.key(cfg.decode.seed)
 
     def _ctx(self):
@@ -257,7 +260,10 @@ def _classifier_metrics(cfg, model, params, task_name: str, split: str, max_exam
     ds = pipeline.get_dataset(task_name, dict(cfg.data.feature_lengths),
                               cfg.model.architecture, batch_size, split=split, shuffle=False,
                               pack=False, num_epochs=1, drop_remainder=False)
-    fwd = jax.jit(lambda p, b: model.apply({"params": p}, b, deterministic=True)["class_logits"])
+    from t5lite.mesh import partitioning
+    options = {} if mesh is None else partitioning.compiler_options(cfg, mesh)
+    fwd = jax.jit(lambda p, b: model.apply({"params": p}, b, deterministic=True)["class_logits"],
+                  compiler_options=options or None)
     correct = total = 0
     labels_seen = []
     for batch in ds.as_numpy_iterator():

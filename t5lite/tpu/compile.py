@@ -236,7 +236,8 @@ def _compile_decode_program(cfg, mesh, model, beams: int, samples: int, n_in: in
     fn = jax.jit(functools.partial(decoding.generate_program, model, beams, samples,
                                    cfg.decode.max_length),
                  in_shardings=(shardings.params, batch_sharding, batch_sharding,
-                               replicated, replicated))
+                               replicated, replicated),
+                 compiler_options=partitioning.compiler_options(cfg, mesh))
     b = cfg.data.batch_size
     args = (abstract.params,
             jax.ShapeDtypeStruct((b, n_in), jnp.int32, sharding=batch_sharding),
