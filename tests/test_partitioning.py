@@ -94,6 +94,22 @@ def test_adafactor_state_follows_params_or_is_replicated():
                           for spec, shape in v_full)
 
 
+def test_state_init_programs_take_the_compiler_options(monkeypatch):
+    """The train state's and fresh params' init programs compile with compiler_options, as
+    the step does (an option XLA does not know is refused: the options reached XLA)."""
+    from t5lite.train import state
+    cfg = tiny_config()
+    model, mesh = build_model(cfg.model), partitioning.make_mesh(mesh_cfg(1, -1, 1))
+    tx = optim.make_optimizer(cfg.optim, 10)
+    _, shardings, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
+    monkeypatch.setattr(partitioning, "compiler_options",
+                        lambda c, m: {"xla_t5lite_no_such_option": True})
+    with pytest.raises(Exception, match="xla_t5lite_no_such_option"):
+        state.create_train_state(cfg, model, mesh, tx, shardings=shardings)
+    with pytest.raises(Exception, match="xla_t5lite_no_such_option"):
+        state.init_params(cfg, model, mesh, shardings.params)
+
+
 def _train(cfg, model, tx, mesh, state0, batches):
     abstract, sh, _ = trainer.abstract_train_state(cfg, model, mesh, tx)
     state = jax.device_put(state0, sh)

@@ -82,7 +82,8 @@ def init_params(cfg, model, mesh, param_shardings):
         return nn.meta.unbox(model.init(rngs, batch, deterministic=True)["params"])
 
     with partitioning.activate(mesh):
-        return jax.jit(init, out_shardings=param_shardings)(init_rngs(cfg))
+        return jax.jit(init, out_shardings=param_shardings,
+                       compiler_options=partitioning.compiler_options(cfg, mesh))(init_rngs(cfg))
 
 
 def create_train_state(cfg, model, mesh, tx, params=None, shardings=None):
@@ -99,5 +100,6 @@ def create_train_state(cfg, model, mesh, tx, params=None, shardings=None):
         return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
 
     with partitioning.activate(mesh):
-        state = jax.jit(init, out_shardings=shardings)(init_rngs(cfg))
+        state = jax.jit(init, out_shardings=shardings,
+                        compiler_options=partitioning.compiler_options(cfg, mesh))(init_rngs(cfg))
     return state, shardings
