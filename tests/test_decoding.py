@@ -315,6 +315,8 @@ def test_predictor_programs_take_the_meshs_compiler_options(encdec, monkeypatch)
     cfg.data.feature_lengths = {"inputs": 8, "targets": 8}
     cfg.eval.batch_size, cfg.decode.max_length = 2, 4
     mesh = partitioning.make_mesh(cfg.mesh, jax.devices()[:1])
+    assert partitioning.compiler_options(cfg, None) == {}  # no mesh: none
+    assert evaluation.Predictor(cfg, model, params, eos_id=1).predict([[3, 4, 5]])
     monkeypatch.setattr(partitioning, "compiler_options",
                         lambda c, m: {"xla_t5lite_no_such_option": True})
     pred = evaluation.Predictor(cfg, model, params, eos_id=1, mesh=mesh)
@@ -322,4 +324,3 @@ def test_predictor_programs_take_the_meshs_compiler_options(encdec, monkeypatch)
         pred.predict([[3, 4, 5]])
     with pytest.raises(Exception, match="xla_t5lite_no_such_option"):
         pred.score([[3, 4, 5]], [[6, 1]])
-    assert evaluation.Predictor(cfg, model, params, eos_id=1).predict([[3, 4, 5]])  # no mesh

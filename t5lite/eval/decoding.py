@@ -321,11 +321,11 @@ def make_generate_fn(model, dcfg, eos_id: int, compiler_options=None):
     check(dcfg, model.cfg)
     beams = dcfg.beams if dcfg.method == "beam" else 0
     samples = dcfg.num_samples if dcfg.method == "self_consistency" else 0
-    options = dict(compiler_options or {})  # the mesh's (partitioning.compiler_options)
+    options = compiler_options or {}  # the mesh's (partitioning.compiler_options)
     sig = (repr(model.cfg), beams, samples, dcfg.max_length, tuple(sorted(options.items())))
     if sig not in _FNS:
         _FNS[sig] = jax.jit(functools.partial(generate_program, model, beams, samples,
-                                              dcfg.max_length), compiler_options=options or None)
+                                              dcfg.max_length), compiler_options=options)
     jitted, knobs = _FNS[sig], dict(runtime_knobs(dcfg), eos_id=np.int32(eos_id))
     if not samples:
         return lambda params, inputs_BS, lengths_B, key, answer_fn=None: jitted(
@@ -451,4 +451,4 @@ def make_score_fn(model, compiler_options=None):
         ll_BL = jnp.take_along_axis(logp_BLV, tgt_BL[..., None], axis=-1)[..., 0]
         weights_BL = batch.get("decoder_loss_weights", (tgt_BL != 0).astype(jnp.int32))
         return jnp.sum(ll_BL * weights_BL, axis=1)
-    return jax.jit(score, compiler_options=dict(compiler_options or {}) or None)
+    return jax.jit(score, compiler_options=compiler_options)

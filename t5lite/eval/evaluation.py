@@ -91,7 +91,7 @@ class Predictor:
         self.batch_size = _round_up(cfg.eval.batch_size, dp)
         # on a TPU mesh, the train step's XLA options (asynchronous collectives) for these too
         from t5lite.mesh import partitioning
-        options = {} if mesh is None else partitioning.compiler_options(cfg, mesh)
+        options = partitioning.compiler_options(cfg, mesh)
         self._generate = decoding.make_generate_fn(model, cfg.decode, eos_id, options)
         self._score = decoding.make_score_fn(model, options)
         self._key = jax.random.key(cfg.decode.seed)
@@ -261,9 +261,8 @@ def _classifier_metrics(cfg, model, params, task_name: str, split: str, max_exam
                               cfg.model.architecture, batch_size, split=split, shuffle=False,
                               pack=False, num_epochs=1, drop_remainder=False)
     from t5lite.mesh import partitioning
-    options = {} if mesh is None else partitioning.compiler_options(cfg, mesh)
     fwd = jax.jit(lambda p, b: model.apply({"params": p}, b, deterministic=True)["class_logits"],
-                  compiler_options=options or None)
+                  compiler_options=partitioning.compiler_options(cfg, mesh))
     correct = total = 0
     labels_seen = []
     for batch in ds.as_numpy_iterator():

@@ -150,9 +150,10 @@ def compiler_options(cfg, mesh) -> dict:
     """XLA options for programs jitted over ``mesh`` from ``cfg``: on TPU, the chip
     generation's asynchronous-collective options (xla_flags.ASYNC_COLLECTIVES, the table the
     TPU launcher's LIBTPU_INIT_ARGS also come from) and collective matmuls only when
-    mesh.collective_matmul asks for them; nothing elsewhere."""
-    device = mesh.devices.flat[0]
-    if device.platform != "tpu":
+    mesh.collective_matmul asks for them; nothing elsewhere, nor without a mesh (None: one
+    default device, as evaluation runs from a checkpoint)."""
+    device = None if mesh is None else mesh.devices.flat[0]
+    if device is None or device.platform != "tpu":
         return {}
     chip = topology.chip_of(device.device_kind)
     options = xla_flags.async_collective_options(chip.name if chip else "")
