@@ -54,8 +54,8 @@ def sandbox() -> bool:
     os.environ.pop("XDG_CACHE_HOME", None)  # caches follow HOME too
     # One compilation cache for the session's processes (workers and the CLI runs they start
     # inherit it): tests compile the same small programs many times. It starts empty, as on a
-    # new machine; a cache under the system temp dir outlived the run and made every later
-    # suite on the same machine faster than a fresh one.
+    # new machine: a cache that outlives the run makes every later suite on this machine
+    # faster than a new machine's, and hides what the suite costs there.
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(root, "jax_cache")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
     return True
