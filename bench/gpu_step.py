@@ -66,8 +66,9 @@ CASES = {
 }
 SMOKE = {"t5": {"inputs": 32, "targets": 8}, "gpt": {"targets": 32}, "bert": {"inputs": 32}}
 # seconds a side may run (start, imports, model, compile, steps); the budget caps them further
-TIMEOUT_S = {"t5lite": 100, "hf_eager": 60, "hf_compile": 130}
+TIMEOUT_S = {"t5lite": 150, "hf_eager": 90, "hf_compile": 180}
 MIN_SIDE_S = 20  # a side with less budget left than this is not started
+TRACE_STEPS = 3  # steps under the profiler (--trace)
 
 
 def case_setup(name: str, smoke: bool) -> tuple:
@@ -156,6 +157,11 @@ def run_t5lite(args) -> dict:
         return metrics["loss"]
 
     timing = _timed(step, batches, args.warmup, args.steps, jax.block_until_ready)
+    if args.trace_dir:
+        try:  # a profiler that cannot run on this machine costs the profile, not the row
+            timing["profile"] = _profile(step, batches, args.trace_dir, timing["step_s"])
+        except Exception as e:  # noqa: BLE001 - recorded in the row, whatever it is
+            timing["profile"] = dict(error=f"{type(e).__name__}: {e}"[:300])
     stats = device.memory_stats() or {}
     peak = (stats["peak_bytes_in_use"] / 2 ** 20 if "peak_bytes_in_use" in stats
             else _rss_mib() - base)
@@ -164,6 +170,25 @@ def run_t5lite(args) -> dict:
                 attention_kernel=cfg.model.attention_kernel,  # as configured; what ran:
                 attention=gpu_attention.resolve(cfg.model, deterministic=False),
                 params=sum(x.size for x in jax.tree.leaves(abstract.params)))
+
+
+def _profile(step, batches, trace_dir: str, step_s: float) -> dict:
+    """TRACE_STEPS more steps under jax.profiler.trace (after the timed ones, so the timing
+    is untouched), summarized by bench/gpu_profile.py into trace_dir/profile.json."""
+    import glob
+
+    import jax
+
+    import gpu_profile
+    with jax.profiler.trace(os.path.join(trace_dir, "xplane")):
+        for i in range(TRACE_STEPS):
+            jax.block_until_ready(step(batches[i % len(batches)]))
+    path = sorted(glob.glob(os.path.join(trace_dir, "xplane", "**", "*.xplane.pb"),
+                            recursive=True))[-1]
+    summary = gpu_profile.summarize(path, TRACE_STEPS, step_s * 1e3)
+    with open(os.path.join(trace_dir, "profile.json"), "w") as f:
+        json.dump(dict(summary, xplane=path), f, indent=1)
+    return dict(kernel_ms=summary["kernel_ms_per_step"], classes=summary["classes"])
 
 
 # -------------------------------------------------------------------------- HF PyTorch
@@ -231,9 +256,17 @@ def run_side(side: str, name: str, args, hf_dir: str, timeout: float) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--cases", name,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--hf-dir", hf_dir,
            "--attention-kernel", args.attention_kernel] + (["--smoke"] if args.smoke else [])
+    env = dict(os.environ)
+    if side == "t5lite" and name == args.trace:
+        # the trace, and XLA's optimized HLO beside it (the kernels' ops are named there)
+        os.makedirs(args.trace_dir, exist_ok=True)
+        cmd += ["--trace-dir", args.trace_dir]
+        env["XLA_FLAGS"] = " ".join([env.get("XLA_FLAGS", ""), "--xla_dump_hlo_as_text",
+                                     f"--xla_dump_to={os.path.join(args.trace_dir, 'hlo')}",
+                                     "--xla_dump_hlo_module_re=jit_step_fn"]).strip()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -242,6 +275,9 @@ def run_side(side: str, name: str, args, hf_dir: str, timeout: float) -> dict:
         return dict(error=f"timeout after {timeout:.0f} s", wall_s=time.perf_counter() - t0)
     wall = time.perf_counter() - t0
     if proc.returncode:
+        if args.failures:  # the whole story of a failed side, for whoever reads the run
+            with open(args.failures, "a") as f:
+                f.write(f"==== {name} / {side} (rc {proc.returncode})\n{err[-20000:]}\n")
         return dict(error=_failure(err), wall_s=wall)
     return dict(json.loads(out.strip().splitlines()[-1]), wall_s=wall)
 
@@ -261,6 +297,14 @@ def run_case(name: str, args, deadline: float) -> dict:
                                          "failed")
             else:
                 sides[side] = run_side(side, name, args, hf_dir, min(TIMEOUT_S[side], left))
+            if side == "t5lite" and "error" in sides[side] and args.attention_kernel != "xla" \
+                    and deadline - time.perf_counter() >= MIN_SIDE_S:
+                # the kernel failed here: the row is xla's, and says what the kernel did
+                failed = sides[side]
+                xla = argparse.Namespace(**dict(vars(args), attention_kernel="xla"))
+                sides[side] = run_side(side, name, xla, hf_dir, min(
+                    TIMEOUT_S[side], deadline - time.perf_counter()))
+                sides[side]["instead_of"] = f"{args.attention_kernel}: {failed['error']}"
     ours = sides.get("t5lite", {})
     flops, peak = ours.get("flops"), ours.get("peak_flops")
     tokens = step_tokens(name, args.smoke)
@@ -286,7 +330,8 @@ def markdown(rows: list) -> str:
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
             out.append(f"| {row['case']} | {shape} | {side} | {r['step_s'] * 1e3:.1f} | "
                        f"{r['tokens_per_s']:,.0f} | {mfu} | {r['peak_mib'] / 1024:.2f} | "
-                       f"{r['compile_s']:.1f} | {r['loss0']:.4f} | {r.get('attention', '')} |")
+                       f"{r['compile_s']:.1f} | {r['loss0']:.4f} | {r.get('attention', '')}"
+                       + (f" ({r['instead_of'][:60]})" if "instead_of" in r else "") + " |")
     return "\n".join(out)
 
 
@@ -314,12 +359,19 @@ def parse_args(argv):
                    help="t5lite's model.attention_kernel (auto: the fastest kernel that covers "
                    "the model on this backend; the row records what ran)")
     p.add_argument("--budget-s", type=float, default=450.0, help="the whole run's seconds")
+    p.add_argument("--trace", default="", help="a case whose t5lite side is profiled "
+                   f"({TRACE_STEPS} steps after the timed ones) into --trace-dir: the "
+                   "trace, its summary (bench/gpu_profile.py) and XLA's optimized HLO")
+    p.add_argument("--trace-dir", default="", help="where --trace writes")
+    p.add_argument("--failures", default="", help="a file that gets each failed side's stderr")
     p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--hf-dir", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.steps = args.steps or (2 if args.smoke else 10)
     args.warmup = 1 if args.smoke else args.warmup
     args.sides = args.sides.split(",")
+    if args.trace and not args.trace_dir and not args.child:
+        p.error("--trace needs --trace-dir")
     for name in args.cases.split(",") + args.sides:
         if name not in CASES and name not in SIDES:
             p.error(f"unknown case or side {name!r}")

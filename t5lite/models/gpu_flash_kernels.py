@@ -218,6 +218,7 @@ def _call(kernel, spec, grid, in_specs, out_specs, out_shape, cost):
         return pl.pallas_call(
             functools.partial(kernel, spec=spec), out_shape=out_shape, grid=grid,
             in_specs=in_specs, out_specs=out_specs, interpret=interpret, cost_estimate=cost,
+            name=f"flash_gpu{kernel.__name__}",  # a profile names the kernel by it
             compiler_params=plgpu.CompilerParams(num_warps=spec.num_warps,
                                                  num_stages=spec.num_stages))
 
