@@ -3,6 +3,7 @@ the trainable subset accumulated over micro-batches, non-finite steps skipped.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -161,8 +162,15 @@ def make_eval_step(cfg, model, mesh, param_shardings):
 
 
 def step_flops(cfg, model, mesh, abstract_params, batch_size) -> int:
-    """Model FLOPs of one training step: 3 x forward matmul FLOPs (forward + backward)."""
+    """Model FLOPs of one training step: 3 x forward matmul FLOPs (forward + backward).
+
+    The model's math, whatever kernel runs it: a model whose model.attention_kernel is not
+    "xla" is counted as its "xla" twin (same parameters), since a fused kernel hides its
+    matmuls from the jaxpr (cuDNN's is one custom call; a Pallas kernel's body holds one
+    block's dots, not the grid's) and its attention would go uncounted."""
     from t5lite.models import dummy_batch
+    if cfg.model.attention_kernel != "xla":
+        model = peft.build_model(dataclasses.replace(cfg.model, attention_kernel="xla"))
     batch = dummy_batch(cfg.model, batch_size, cfg.data.feature_lengths)
     fwd = functools.partial(model.apply, deterministic=True)
     with partitioning.activate(mesh):
