@@ -2,6 +2,8 @@
 # One GPU session's measurements, in two parts that fit a short lease (bench/RESULTS.md#gpu):
 #   bash bench/gpu_session.sh OUTDIR 1   # T5 base (profiled), GPT-2 small, T5 base at 8k inputs
 #   bash bench/gpu_session.sh OUTDIR 2   # T5 with flash_gpu; BERT base, T5 large, T5 base 2k
+#   bash bench/gpu_session.sh OUTDIR 3   # next: unrolled layers (the profile's scan copies),
+#                                        # flash_gpu at 2k, T5 large against torch.compile
 # SMOKE=1 runs the same on any CPU with the tiny presets (a check of this script).
 # OUTDIR gets at most 8 files: the environment, the JSON lines and tables, failed sides' stderr,
 # and (part 1) the profile's summary, its trace and XLA's optimized HLO of the step.
@@ -29,6 +31,17 @@ optax.__version__, 'torch', torch.__version__, 'transformers', t.__version__)"
   (cd "$trace/hlo" 2>/dev/null && tar czf "$out/hlo.tgz" \
     $(ls | grep -E 'jit_step_fn\..*(after_optimizations\.txt|memory-usage-report\.txt)$'))
   cat "$out/gpu_step.md" "$out/env.txt"
+elif [ "$part" = 3 ]; then
+  trace=$(mktemp -d)
+  bench --sides t5lite --set model.scan_unroll=0 --cases t5_base,gpt2_small,bert_base \
+    --trace t5_base --trace-dir "$trace" --budget-s "${BUDGET_A:-150}" \
+    --out "$out/unrolled.jsonl" > "$out/log3.txt" 2>&1
+  cp "$trace/profile.json" "$out/" 2>/dev/null
+  bench --sides t5lite --attention-kernel flash_gpu --cases t5_base_2k \
+    --budget-s "${BUDGET_B:-50}" --out "$out/flash_gpu_2k.jsonl" >> "$out/log3.txt" 2>&1
+  bench --cases t5_large --sides t5lite,hf_compile --budget-s "${BUDGET_C:-200}" \
+    --out "$out/t5_large.jsonl" >> "$out/log3.txt" 2>&1
+  cat "$out/unrolled.md" "$out/flash_gpu_2k.md" "$out/t5_large.md"
 else
   bench --sides t5lite --attention-kernel flash_gpu --cases t5_base,t5_base_8k \
     --budget-s "${BUDGET_A:-120}" --out "$out/flash_gpu.jsonl" > "$out/log2.txt" 2>&1

@@ -20,8 +20,8 @@ else the Triton flash_gpu kernel, else xla; "attention" in the row is what ran).
 --warmup untimed (the first compiles; its time is "compile_s"), then --steps timed one by one
 (each waits for its result); the median is reported.
 - tokens/s: T5 B x (inputs + targets), BERT B x inputs, GPT B x length (monitor/flops.py).
-- MFU: t5lite's step_flops (3 x the forward's matmul FLOPs from its jaxpr, causal attention's
-  masked half left out) / step time / the chip's dense bf16 peak from t5lite's chip table
+- MFU: t5lite's step_flops (3 x the forward's matmul FLOPs from the jaxpr of the model with
+  xla attention, whatever kernel runs it; causal attention's masked half left out) / step time / the chip's dense bf16 peak from t5lite's chip table
   (mesh/topology.peak_flops: 989 TFLOP/s for H100 / H200), by the device name jax reports;
   the same FLOPs for every side. None where the table has no peak (CPUs).
 - peak memory: jax's peak_bytes_in_use / torch.cuda.max_memory_allocated (CPU: max RSS
@@ -77,10 +77,12 @@ def case_setup(name: str, smoke: bool) -> tuple:
     return (family, "tiny", 2, SMOKE[family]) if smoke else (family, size, batch, lengths)
 
 
-def make_config(name: str, smoke: bool, attention_kernel: str):
+def make_config(name: str, smoke: bool, attention_kernel: str, sets=()):
     """The case's config through the config path, as `t5lite train --set` would make it: the
     preset, the bench's optimizer in full (every side trains with the same AdamW), then
-    dotted overrides, validated (a bad value is refused in one line, as on the CLI)."""
+    dotted overrides, then ``sets`` (--set KEY=VALUE strings, t5lite's side only: an
+    experiment such as model.scan_unroll=0), validated (a bad value is refused in one line,
+    as on the CLI)."""
     from t5lite import config as config_lib
     from t5lite.config import OptimizerConfig, presets
     family, size, batch, lengths = case_setup(name, smoke)
@@ -94,7 +96,8 @@ def make_config(name: str, smoke: bool, attention_kernel: str):
                "train.label_smoothing": 0.0, "train.steps": 1000}
     if family == "bert":
         changes["model.pooler"] = False  # BertForMaskedLM has no pooler
-    return config_lib.replace(cfg, changes)
+    cfg = config_lib.replace(cfg, changes)
+    return config_lib.replace(cfg, list(sets)) if sets else cfg
 
 
 def step_tokens(name: str, smoke: bool) -> int:
@@ -135,7 +138,7 @@ def run_t5lite(args) -> dict:
     from t5lite.models import gpu_attention
     from t5lite.train import optim, trainer
     base = _rss_mib()
-    cfg = make_config(args.case, args.smoke, args.attention_kernel)
+    cfg = make_config(args.case, args.smoke, args.attention_kernel, args.set)
     device = jax.devices()[0]
     mesh = partitioning.make_mesh(MeshConfig(), [device])
     model = peft.build_model(cfg.model)
@@ -256,6 +259,7 @@ def run_side(side: str, name: str, args, hf_dir: str, timeout: float) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--cases", name,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--hf-dir", hf_dir,
            "--attention-kernel", args.attention_kernel] + (["--smoke"] if args.smoke else [])
+    cmd += [f"--set={item}" for item in args.set]
     env = dict(os.environ)
     if side == "t5lite" and name == args.trace:
         # the trace, and XLA's optimized HLO beside it (the kernels' ops are named there)
@@ -314,7 +318,7 @@ def run_case(name: str, args, deadline: float) -> dict:
             result["mfu"] = flops / result["step_s"] / peak if flops and peak else None
     family, size, batch, lengths = case_setup(name, args.smoke)
     return dict(case=name, family=family, preset=size, batch=batch, lengths=lengths,
-                tokens_per_step=tokens, smoke=args.smoke, sides=sides)
+                tokens_per_step=tokens, smoke=args.smoke, sides=sides, set=args.set)
 
 
 def markdown(rows: list) -> str:
@@ -324,6 +328,8 @@ def markdown(rows: list) -> str:
     for row in rows:
         shape = f"{row['batch']} x " + " + ".join(str(v) for v in row["lengths"].values())
         for side, r in row["sides"].items():
+            if side == "t5lite" and row.get("set"):
+                side += " --set " + " --set ".join(row["set"])
             if "error" in r:
                 out.append(f"| {row['case']} | {shape} | {side} | {r['error']} |||||||")
                 continue
@@ -358,6 +364,9 @@ def parse_args(argv):
     p.add_argument("--attention-kernel", default="auto", choices=attention_kernels(),
                    help="t5lite's model.attention_kernel (auto: the fastest kernel that covers "
                    "the model on this backend; the row records what ran)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a t5lite config override for t5lite's side (repeatable), e.g. "
+                   "model.scan_unroll=0; the rows record it")
     p.add_argument("--budget-s", type=float, default=450.0, help="the whole run's seconds")
     p.add_argument("--trace", default="", help="a case whose t5lite side is profiled "
                    f"({TRACE_STEPS} steps after the timed ones) into --trace-dir: the "

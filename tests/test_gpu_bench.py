@@ -2,7 +2,8 @@
 side (train step, FLOPs, the params written with t5lite's converter) and HF eager's (those
 params, bf16 autocast, AdamW) each in its own subprocess; their first-step losses agree, the
 JSON line and the markdown table carry every column. The run asks for
-model.attention_kernel="cudnn", which a CPU refuses: the row is xla's and says so. --trace
+model.attention_kernel="cudnn", which a CPU refuses: the row is xla's and says so; --set
+changes t5lite's config (an experiment, recorded in the row). --trace
 profiles t5lite's side (bench/gpu_profile.py's summary of a jax.profiler trace, XLA's optimized
 HLO beside it). (torch.compile is left out here: on a CPU it needs a C++ toolchain and minutes;
 the GPU run covers it.)"""
@@ -25,7 +26,8 @@ def test_gpu_step_smoke(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_step.py"), "--smoke",
                            "--cases", "gpt2_small", "--sides", "t5lite,hf_eager",
-                           "--attention-kernel", "cudnn", "--trace", "gpt2_small",
+                           "--attention-kernel", "cudnn", "--set", "model.scan_unroll=0",
+                           "--trace", "gpt2_small",
                            "--trace-dir", str(tmp_path / "trace"), "--failures",
                            str(tmp_path / "failures.txt"), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
@@ -42,7 +44,8 @@ def test_gpu_step_smoke(tmp_path):
     assert ours["instead_of"].startswith("cudnn: ") and "CUDA GPU" in ours["instead_of"]
     assert "model.attention_kernel='cudnn'" in (tmp_path / "failures.txt").read_text()
     table = (tmp_path / "smoke.md").read_text()
-    assert "| gpt2_small | 2 x 32 | t5lite |" in table and "| hf_eager |" in table
+    assert "| gpt2_small | 2 x 32 | t5lite --set model.scan_unroll=0 |" in table
+    assert "| hf_eager |" in table and row["set"] == ["model.scan_unroll=0"]
     assert "xla (cudnn: " in table
     # the profile: XLA:CPU's ops stand in for a GPU's kernels
     summary = json.loads((tmp_path / "trace" / "profile.json").read_text())
