@@ -1,6 +1,6 @@
 """Where a train step's device time goes, from a jax.profiler trace (an .xplane.pb file).
 
-    python bench/gpu_profile.py TRACE.xplane.pb --steps 3 [--step-ms 233.7]
+    python bench/gpu_profile.py TRACE.xplane.pb[.gz] --steps 3 [--step-ms 192.5]
 
 bench/gpu_step.py --trace CASE captures one (t5lite's side, after its timed steps) and writes
 this summary beside it. Kernels are read from the GPU plane's stream lines (CUPTI's records:
@@ -57,21 +57,28 @@ def _events(profile):
 
 def summarize(path: str, steps: int, step_ms: float | None = None, top: int = 25) -> dict:
     """Per-step kernel time by class and the ``top`` kernels (ms per step, launches per step)."""
+    import gzip
+
     import jax
-    profile = jax.profiler.ProfileData.from_file(path)
+    if path.endswith(".gz"):  # as bench/traces/ keeps them
+        with gzip.open(path, "rb") as f:
+            profile = jax.profiler.ProfileData.from_serialized_xspace(f.read())
+    else:
+        profile = jax.profiler.ProfileData.from_file(path)
     by_class, by_kernel = collections.Counter(), collections.Counter()
-    count, ops = collections.Counter(), {}
+    count, ops = collections.Counter(), collections.defaultdict(set)
     for name, op, ns in _events(profile):
         ms = ns / 1e6 / steps
         by_class[kernel_class(name, op)] += ms
         by_kernel[name] += ms
         count[name] += 1
-        ops.setdefault(name, op)
+        ops[name].add(op)
     busy = sum(by_class.values())
     out = dict(steps=steps, kernel_ms_per_step=busy,
                classes={c: round(ms, 3) for c, ms in by_class.most_common()},
-               top=[dict(kernel=k[:120], op=ops[k][:60], ms=round(ms, 3),
-                         launches=count[k] / steps, cls=kernel_class(k, ops[k]))
+               top=[dict(kernel=k[:120], ms=round(ms, 3), launches=count[k] / steps,
+                         op=next(iter(ops[k]))[:60] if len(ops[k]) == 1 else
+                         f"{len(ops[k])} ops", cls=kernel_class(k, " ".join(ops[k])))
                     for k, ms in by_kernel.most_common(top)],
                kernels_per_step=sum(count.values()) / steps)
     if step_ms:
@@ -97,7 +104,8 @@ def table(summary: dict) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("xplane", help="a .xplane.pb file (jax.profiler.trace writes one)")
+    p.add_argument("xplane", help="a .xplane.pb file (jax.profiler.trace writes one), or "
+                   "one gzipped")
     p.add_argument("--steps", type=int, required=True, help="train steps the trace holds")
     p.add_argument("--step-ms", type=float, default=None, help="the timed step, for idle")
     p.add_argument("--top", type=int, default=25)
