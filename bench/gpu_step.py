@@ -21,9 +21,10 @@ else the Triton flash_gpu kernel, else xla; "attention" in the row is what ran).
 (each waits for its result); the median is reported.
 - tokens/s: T5 B x (inputs + targets), BERT B x inputs, GPT B x length (monitor/flops.py).
 - MFU: t5lite's step_flops (3 x the forward's matmul FLOPs from the jaxpr of the model with
-  xla attention, whatever kernel runs it; causal attention's masked half left out) / step time / the chip's dense bf16 peak from t5lite's chip table
-  (mesh/topology.peak_flops: 989 TFLOP/s for H100 / H200), by the device name jax reports;
-  the same FLOPs for every side. None where the table has no peak (CPUs).
+  xla attention, whatever kernel runs it; causal attention's masked half left out) / step
+  time / the chip's dense bf16 peak from t5lite's chip table (mesh/topology.peak_flops: 989
+  TFLOP/s for H100 / H200), by the device name jax reports; the same FLOPs for every side.
+  None where the table has no peak (CPUs).
 - peak memory: jax's peak_bytes_in_use / torch.cuda.max_memory_allocated (CPU: max RSS
   growth of the subprocess).
 Time: each side has a timeout and the whole run a budget (--budget-s, default 450 s), spent in

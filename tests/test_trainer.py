@@ -155,9 +155,8 @@ def test_matmul_flops_counts_every_matmul_including_scanned_layers():
 @pytest.mark.parametrize("preset", ["t5_1_1", "gpt2"])
 def test_step_flops_are_the_models_whatever_attention_kernel_runs_it(preset, monkeypatch):
     """A fused kernel hides its matmuls from the jaxpr (a Pallas body holds one block's dots;
-    cuDNN's attention is one custom call): MFU would drop by the attention's share, as the
-    first GPU run showed (T5 base at 512: 49.7 counted vs 54.5 TFLOP). Every kernel is
-    counted as the xla model's math."""
+    cuDNN's attention is one custom call), so MFU would drop by the attention's share: every
+    kernel is counted as the xla model's math."""
     from t5lite.config import presets
     from t5lite.models import gpu_attention
     monkeypatch.setattr(gpu_attention, "INTERPRET_OFF_GPU", True)
