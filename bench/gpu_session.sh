@@ -2,7 +2,7 @@
 # One GPU session's measurements, in two parts that fit a short lease (bench/RESULTS.md#gpu):
 #   bash bench/gpu_session.sh OUTDIR 1   # T5 base (profiled), GPT-2 small, T5 base at 8k inputs
 #   bash bench/gpu_session.sh OUTDIR 2   # T5 with flash_gpu; BERT base, T5 large, T5 base 2k
-#   bash bench/gpu_session.sh OUTDIR 3   # next: unrolled layers (the profile's scan copies),
+#   bash bench/gpu_session.sh OUTDIR 3   # unrolled layers (the profile's scan copies),
 #                                        # flash_gpu at 2k, T5 large against torch.compile
 # SMOKE=1 runs the same on any CPU with the tiny presets (a check of this script).
 # OUTDIR gets at most 8 files: the environment, the JSON lines and tables, failed sides' stderr,
