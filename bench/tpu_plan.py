@@ -135,6 +135,30 @@ def _figures(r: dict) -> str:
     return cells + f"{r['expected_step_seconds'] * 1e3:.0f} ms / {r['expected_mfu']:.0%}"
 
 
+def shortfall(r: dict, target: float = 0.6) -> str | None:
+    """One table row: why a compiled preset's expected MFU is under ``target`` (issue 50
+    item 1), from its own report. The expected step is the instructions' time (the sum of
+    each instruction's roofline: its FLOPs at peak or its HBM bytes at bandwidth, whichever
+    is longer) plus the collectives the schedule leaves exposed; MFU scales as 1 / step."""
+    if r.get("expected_step_seconds") is None or r["expected_mfu"] >= target:
+        return None
+    ms = lambda s: f"{s * 1e3:.1f}"  # noqa: E731
+    step, mfu = r["expected_step_seconds"], r["expected_mfu"]
+    instr = r["expected_seconds"]["compute"]
+    exposed = r["expected_seconds"]["exposed_collectives"]
+    flops = r["roofline_seconds"]["compute"]
+    need = step * mfu / target  # the step that would reach the target
+    instr_mfu = step * mfu / instr
+    if instr_mfu < target:
+        what = (f"HBM: the instructions alone reach {instr_mfu:.0%} (their FLOPs at peak "
+                f"{ms(flops)} ms, their memory traffic makes {ms(instr)} ms)")
+    else:
+        what = (f"exposed collectives: {ms(exposed)} ms beyond the instructions; "
+                f"{target:.0%} needs under {ms(need - instr)} ms exposed")
+    return (f"| {r.get('row', r['config'])} | {r['topology']} | {mfu:.1%} | {ms(step)} | "
+            f"{ms(need)} | {ms(flops)} | {ms(instr)} | {ms(exposed)} | {what} |")
+
+
 def render(jsonl: str, out: str) -> None:
     by_setting = measured(jsonl)
     done = {}
@@ -191,6 +215,16 @@ def render(jsonl: str, out: str) -> None:
             f"{'yes' if r['fits'] else 'NO'} | {r['flops_per_chip']:.3g} / "
             f"{r['model_flops_with_remat_per_chip']:.3g} ({ratio:.2f}) | "
             f"{_figures(r)} | {r['compile_seconds']:.0f} s |")
+    short = [x for x in (shortfall(done[n]) for n in ROWS if n in done) if x]
+    if short:
+        lines += ["", "What keeps each row under 60% expected MFU (its own report; ms per step; "
+                  "*FLOPs at peak*: the compiled FLOPs at the chip's peak, the floor no "
+                  "schedule beats; *instructions*: each instruction's roofline summed; "
+                  "*exposed*: collectives the schedule does not hide):", "",
+                  "| row | slice | expected MFU | expected step | step for 60% | FLOPs at peak "
+                  "| instructions | exposed | what stops it |",
+                  "|---|---|---|---|---|---|---|---|---|",
+                  *short]
     lines += ["", "Commands (each row is `t5lite compile` with these flags):", ""]
     for name in ROWS:
         if name in done:

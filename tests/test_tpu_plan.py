@@ -1,0 +1,41 @@
+"""bench/tpu_plan.py's shortfall line (issue 50 item 1): a preset under 60% expected MFU names
+what stops it, from its own report's figures: the instructions' memory traffic when they alone
+cannot reach 60%, else the collectives the schedule leaves exposed."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import tpu_plan  # noqa: E402
+
+
+def report(step_ms, mfu, instructions_ms, exposed_ms, flops_ms):
+    return {"row": "p", "config": "p", "topology": "v5p-8", "expected_step_seconds": step_ms / 1e3,
+            "expected_mfu": mfu, "roofline_seconds": {"compute": flops_ms / 1e3},
+            "expected_seconds": {"compute": instructions_ms / 1e3,
+                                 "exposed_collectives": exposed_ms / 1e3}}
+
+
+def cells(line):
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_hbm_bound_instructions_are_named_with_their_numbers():
+    # 100 ms at 30% MFU: the model's FLOPs are 30 ms at peak; instructions 90 ms reach 33%
+    c = cells(tpu_plan.shortfall(report(100, 0.30, 90, 10, 28)))
+    assert c[2:8] == ["30.0%", "100.0", "50.0", "28.0", "90.0", "10.0"]
+    assert c[8].startswith("HBM: the instructions alone reach 33%")
+
+
+def test_exposed_collectives_are_named_with_the_budget_left_for_them():
+    # 100 ms at 50%: instructions 70 ms reach 71%; 60% needs an 83.3 ms step: 13.3 ms exposed
+    c = cells(tpu_plan.shortfall(report(100, 0.50, 70, 30, 50)))
+    assert c[8] == "exposed collectives: 30.0 ms beyond the instructions; 60% needs under 13.3 " \
+                   "ms exposed"
+
+
+def test_rows_at_the_target_or_without_an_expected_step_have_no_line():
+    assert tpu_plan.shortfall(report(100, 0.61, 90, 10, 60)) is None
+    assert tpu_plan.shortfall({"expected_step_seconds": None}) is None
