@@ -149,12 +149,16 @@ def shortfall(r: dict, target: float = 0.6) -> str | None:
     flops = r["roofline_seconds"]["compute"]
     need = step * mfu / target  # the step that would reach the target
     instr_mfu = step * mfu / instr
-    if instr_mfu < target:
-        what = (f"HBM: the instructions alone reach {instr_mfu:.0%} (their FLOPs at peak "
-                f"{ms(flops)} ms, their memory traffic makes {ms(instr)} ms)")
-    else:
+    hbm = (f"HBM: the instructions alone reach {instr_mfu:.0%} (their FLOPs at peak "
+           f"{ms(flops)} ms, their memory traffic makes {ms(instr)} ms)")
+    coll = f"exposed collectives: {ms(exposed)} ms ({exposed / step:.0%} of the step)"
+    if instr_mfu >= target:
         what = (f"exposed collectives: {ms(exposed)} ms beyond the instructions; "
                 f"{target:.0%} needs under {ms(need - instr)} ms exposed")
+    elif exposed < 0.1 * step:
+        what = hbm
+    else:  # both: the larger cut first (the instructions' is what even no exposure leaves)
+        what = "; ".join([coll, hbm] if exposed > instr - need else [hbm, coll])
     return (f"| {r.get('row', r['config'])} | {r['topology']} | {mfu:.1%} | {ms(step)} | "
             f"{ms(need)} | {ms(flops)} | {ms(instr)} | {ms(exposed)} | {what} |")
 

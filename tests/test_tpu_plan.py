@@ -36,6 +36,14 @@ def test_exposed_collectives_are_named_with_the_budget_left_for_them():
                    "ms exposed"
 
 
+def test_both_are_named_the_larger_cut_first():
+    # 200 ms at 20%: instructions 70 ms reach 57% (60% needs 66.7 ms), 120 ms exposed
+    c = cells(tpu_plan.shortfall(report(200, 0.20, 70, 120, 60)))
+    assert c[8] == ("exposed collectives: 120.0 ms (60% of the step); HBM: the instructions "
+                    "alone reach 57% (their FLOPs at peak 60.0 ms, their memory traffic makes "
+                    "70.0 ms)")
+
+
 def test_rows_at_the_target_or_without_an_expected_step_have_no_line():
     assert tpu_plan.shortfall(report(100, 0.61, 90, 10, 60)) is None
     assert tpu_plan.shortfall({"expected_step_seconds": None}) is None
