@@ -4,12 +4,14 @@
 #   bash bench/gpu_session.sh OUTDIR 2   # T5 with flash_gpu; BERT base, T5 large, T5 base 2k
 #   bash bench/gpu_session.sh OUTDIR 3   # unrolled layers (the profile's scan copies),
 #                                        # flash_gpu at 2k, T5 large against torch.compile
+#   bash bench/gpu_session.sh OUTDIR 4   # next: T5 large unrolled (its compile time first),
+#                                        # GPT-2 small unrolled with a profile
 # SMOKE=1 runs the same on any CPU with the tiny presets (a check of this script).
 # OUTDIR gets at most 8 files: the environment, the JSON lines and tables, failed sides' stderr,
 # and (part 1) the profile's summary, its trace and XLA's optimized HLO of the step.
 set -u
-out=${1:?usage: gpu_session.sh OUTDIR 1|2}
-part=${2:?usage: gpu_session.sh OUTDIR 1|2}
+out=${1:?usage: gpu_session.sh OUTDIR 1|2|3|4}
+part=${2:?usage: gpu_session.sh OUTDIR 1|2|3|4}
 here=$(cd "$(dirname "$0")" && pwd)
 smoke=${SMOKE:+--smoke}
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
@@ -42,6 +44,15 @@ elif [ "$part" = 3 ]; then
   bench --cases t5_large --sides t5lite,hf_compile --budget-s "${BUDGET_C:-200}" \
     --out "$out/t5_large.jsonl" >> "$out/log3.txt" 2>&1
   cat "$out/unrolled.md" "$out/flash_gpu_2k.md" "$out/t5_large.md"
+elif [ "$part" = 4 ]; then
+  bench --sides t5lite --set model.scan_unroll=0 --cases t5_large --budget-s "${BUDGET_A:-300}" \
+    --out "$out/t5_large_unrolled.jsonl" > "$out/log4.txt" 2>&1
+  trace=$(mktemp -d)
+  bench --sides t5lite --set model.scan_unroll=0 --cases gpt2_small --trace gpt2_small \
+    --trace-dir "$trace" --budget-s "${BUDGET_B:-150}" --out "$out/gpt2_unrolled.jsonl" \
+    >> "$out/log4.txt" 2>&1
+  cp "$trace/profile.json" "$out/gpt2_profile.json" 2>/dev/null
+  cat "$out/t5_large_unrolled.md" "$out/gpt2_unrolled.md"
 else
   bench --sides t5lite --attention-kernel flash_gpu --cases t5_base,t5_base_8k \
     --budget-s "${BUDGET_A:-120}" --out "$out/flash_gpu.jsonl" > "$out/log2.txt" 2>&1
