@@ -17,7 +17,7 @@ import pytest
 from flax import linen as nn
 
 from t5lite.cli import main as cli
-from t5lite.tpu import compile as tpu_compile, hlo_cost, memory, report, search
+from t5lite.tpu import compile as tpu_compile, hlo_cost, isolated, memory, report, search
 from t5lite.mesh import topology as tpu_topology
 from t5lite.mesh.topology import GiB
 from t5lite import config as config_lib
@@ -447,15 +447,16 @@ def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
 def test_remat_order_is_strict_and_search_moves_to_remat_when_none_does_not_fit(capsys):
     """Compiled temporaries fall strictly from remat none to minimal to full; with HBM
     between the remat=none and remat=full totals, the search must move to remat (one test:
-    the three compiles serve both)."""
-    reports = {p: compiled("gpt2_tiny", "v5litepod-1", f"model.remat={p}")
-               for p in ("none", "minimal", "full")}
+    the three compiles serve both, in the compiler process the searches use)."""
+    topo = tpu_topology.parse_topology("v5litepod-1")
+    reports = {p: isolated.shared().compile(config_lib.load_config(
+        "gpt2_tiny", SMALL["gpt2_tiny"] + [f"model.remat={p}"]), topo)
+        for p in ("none", "minimal", "full")}
     temp = {p: r["bytes_per_chip"]["temp"] for p, r in reports.items()}
     assert temp["none"] > temp["minimal"] > temp["full"], temp
     full = reports["full"]["bytes_per_chip"]["total"]
     none = reports["none"]["bytes_per_chip"]["total"]
     cfg = config_lib.load_config("gpt2_tiny", SMALL["gpt2_tiny"])
-    topo = tpu_topology.parse_topology("v5litepod-1")
     res = search.search(cfg, topo, hbm_bytes=(full + none) // 2, log=lambda s: None, max_accum=1)
     assert res["best"] is not None and res["best"]["fits"]
     assert res["best"]["remat"] in ("minimal", "full")

@@ -1,13 +1,18 @@
 """`t5lite compile --search`'s space (t5lite/tpu/search.py): meshes x remat policies x
 collective matmuls on / off x micro-batch counts, ranked by expected step. The compiles are
-stood in for here (tests/test_compile.py compiles a real search): what is tried, and what wins."""
+stood in for here (tests/test_compile.py compiles a real search): what is tried, and what wins,
+and that a compiler process that dies on one variant (as libtpu's does on some meshes) costs that
+variant only."""
+
+import os
+import signal
 
 from t5lite import config as config_lib
 from t5lite.mesh import topology
-from t5lite.tpu import search
+from t5lite.tpu import isolated, search
 
 
-def _fake_compile(cfg, topo, devices=None, hbm_bytes=0):
+def _fake_compile(cfg, topo, hbm_bytes=0):
     """A report whose step is faster with collective matmuls on an fsdp mesh and with less
     remat, and that fits only from two micro-batches on."""
     m = cfg.mesh
@@ -22,11 +27,9 @@ def _fake_compile(cfg, topo, devices=None, hbm_bytes=0):
 
 
 def test_search_tries_collective_matmuls_and_micro_batches(monkeypatch):
-    monkeypatch.setattr(search, "compile_step", _fake_compile)
-    monkeypatch.setattr(search, "abstract_devices", lambda topo: [])
     cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
     res = search.search(cfg, topology.parse_topology("v5litepod-4"), log=lambda s: None,
-                        max_accum=4)
+                        max_accum=4, compile_fn=_fake_compile)
     tried = [r for r in res["tried"] if "fits" in r]
     by_mesh = {}
     for r in tried:
@@ -45,3 +48,49 @@ def test_search_tries_collective_matmuls_and_micro_batches(monkeypatch):
     assert {"mesh.collective_matmul=True", "train.grad_accum_steps=2"} <= set(best["set"])
     steps = [r["expected_step_seconds"] for r in res["candidates"]]
     assert steps == sorted(steps) and all(r["fits"] for r in res["candidates"])
+
+
+def _dies_on_one_variant(cfg, topo, hbm_bytes=0):
+    """The compiler process's function in the next test: the fake compile, except that one
+    variant kills its process with SIGSEGV, as libtpu 0.0.42.1 does on 11B's 8 x 8 mesh."""
+    m = cfg.mesh
+    if (m.data, m.fsdp, m.tensor, cfg.model.remat, m.collective_matmul,
+            cfg.train.grad_accum_steps) == (1, 2, 2, "minimal", False, 2):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return dict(_fake_compile(cfg, topo, hbm_bytes), pid=os.getpid())
+
+
+def test_a_variant_that_kills_the_compiler_is_recorded_and_the_search_goes_on():
+    proc = isolated.CompilerProcess(target=f"{__name__}:_dies_on_one_variant")
+    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
+    logged = []
+    try:
+        res = search.search(cfg, topology.parse_topology("v5litepod-4"), log=logged.append,
+                            max_accum=2, compile_fn=proc.compile)
+    finally:
+        proc.close()
+    crashed = res["crashed"]
+    assert [c["set"] for c in crashed] == [
+        ["mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2", "model.remat=minimal",
+         "mesh.collective_matmul=False", "train.grad_accum_steps=2"]], crashed
+    assert "SIGSEGV" in crashed[0]["crashed"]
+    assert any("CRASHED" in line and "SIGSEGV" in line for line in logged), logged
+    # the variants after it on the same mesh, and the meshes after it, were compiled by a
+    # new compiler process
+    after = [r for r in res["tried"] if "fits" in r and r["mesh"] == (1, 2, 2)]
+    assert {(r["remat"], r["collective_matmul"]) for r in after} >= {("minimal", True),
+                                                                    ("full", False)}
+    pids = [r["pid"] for r in res["tried"] if "pid" in r]
+    assert len(set(pids)) == 2 and pids[0] != os.getpid(), pids
+    assert res["best"] is not None and res["why_none"] == ""
+
+
+def test_when_every_variant_crashes_the_search_says_so():
+    def crash(cfg, topo, hbm_bytes=0):
+        raise isolated.CompilerCrashed("the compiler's process died (killed by SIGSEGV)")
+    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
+    res = search.search(cfg, topology.parse_topology("v5litepod-4"), log=lambda s: None,
+                        max_accum=1, compile_fn=crash)
+    assert res["best"] is None and len(res["crashed"]) == len(res["tried"]) > 1
+    assert res["why_none"].startswith("every variant tried on v5litepod-4 crashed the compiler")
+    assert "SIGSEGV" in res["why_none"], res["why_none"]

@@ -122,6 +122,10 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
             out(report.format_report(res["best"]))
         else:
             out(res["why_none"])
+        if not as_json:  # (the JSON has them under "crashed")
+            for r in res["crashed"]:
+                out(f"crashed the compiler, not ranked ({r['crashed']}): --set "
+                    + " --set ".join(r["set"]))
         return res
     r = tpu_compile.compile_step(cfg, topo, hbm_bytes=hbm)
     out(json.dumps(r) if as_json else report.format_report(r))

@@ -1,5 +1,5 @@
 """Compiling for a TPU slice on any host (libtpu, no TPU needed). One concern per module,
-imports downward: hlo_cost <- step_time, memory <- compile <- search; report formats
+imports downward: hlo_cost <- step_time, memory <- compile <- isolated <- search; report formats
 results. The chip table, meshes and mesh advice are one layer lower, in t5lite.mesh (train and
 monitor read them too).
 
@@ -13,7 +13,8 @@ Public entry points:
   `compile.compile_decode(...)` the same for the decoding program;
   `compile.trace_train_step(cfg, mesh, model, tx)` the traced step on any devices;
 - `search.search(cfg, topo, hbm_bytes=0)`: meshes x remat x collective matmuls x
-  micro-batches, fastest fit first;
+  micro-batches, fastest fit first, each compiled in a child process
+  (`isolated.CompilerProcess`: a compiler crash costs one variant, not the search);
 - `report.format_report(r)` / `report.format_decode_report(r)`: the text `t5lite compile`
   prints;
 - `hlo_cost.hlo_costs(hlo_text, chip)`, `hlo_cost.roofline_seconds(hlo, chip)`: costs of a

@@ -1,14 +1,15 @@
 """`t5lite compile --search`: meshes x remat policies x collective matmuls on / off x
 micro-batch counts compiled for a slice, the fitting ones ranked by expected step time
-(step_time.py)."""
+(step_time.py). Each variant compiles in a child process (isolated.py): a libtpu crash on one
+variant is recorded and the search goes on."""
 
 from __future__ import annotations
 
 import math
 
 from t5lite.errors import UserError
-from t5lite.tpu.compile import compile_step
-from t5lite.mesh.topology import GiB, Topology, abstract_devices
+from t5lite.mesh.topology import GiB, Topology
+from t5lite.tpu import isolated
 
 REMATS = ("none", "minimal", "full")
 
@@ -35,20 +36,25 @@ def _variants(data: int, fsdp: int, tensor: int) -> list:
     return [(remat, cm) for remat in REMATS for cm in matmuls]
 
 
-def _try_variants(cfg, topo, devices, hbm_bytes, log, tried, config_lib, mesh_sets,
+def _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib, mesh_sets,
                   variants) -> list | None:
     """Compile cfg with mesh_sets under each (remat, collective matmul) variant -> the reports
-    that fit, or None when the mesh does not divide the config (UserError)."""
+    that fit, or None when the mesh does not divide the config (UserError). A variant whose
+    compile crashed is recorded in `tried` with "crashed" and skipped."""
     found = []
     for remat, matmuls in variants:
         sets = (mesh_sets[:3] + [f"model.remat={remat}", f"mesh.collective_matmul={matmuls}"]
                 + mesh_sets[3:])
         try:
-            r = compile_step(config_lib.apply_overrides(cfg, sets), topo, devices, hbm_bytes)
+            r = compile_fn(config_lib.apply_overrides(cfg, sets), topo, hbm_bytes=hbm_bytes)
         except UserError as e:
             tried.append({"set": sets, "error": str(e)})
             log(f"  skip {' '.join(sets)}: {e}")
             return None
+        except isolated.CompilerCrashed as e:
+            tried.append({"set": sets, "crashed": str(e)})
+            log(f"  {' '.join(sets)}: CRASHED: {e}; going on without it")
+            continue
         r["set"] = sets
         tried.append(r)
         log(f"  {' '.join(sets)}: {r['bytes_per_chip']['total'] / GiB:.2f} GiB per chip, "
@@ -60,22 +66,25 @@ def _try_variants(cfg, topo, devices, hbm_bytes, log, tried, config_lib, mesh_se
     return found
 
 
-def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 8) -> dict:
+def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 8,
+           compile_fn=None) -> dict:
     """Try meshes x remat policies x collective matmuls x micro-batch counts: per mesh every
     remat policy (none, minimal, full), each with collective matmuls off and on (where the
     mesh shards weights), at the fewest micro-batches any of them fits with (more micro-
     batches cost time, not memory). All variants that fit are compiled: less remat is not
     always faster (a step without remat can be HBM-bound and slower; bench/RESULTS.md, issue
     34), and collective matmuls trade HBM traffic for overlapped ICI transfers.
+    ``compile_fn(cfg, topo, hbm_bytes=)``: default, compile.compile_step in this process's
+    compiler process (isolated.shared()).
     -> {"candidates": [report...] fitting, fastest first, "tried": [...], "best": report|None,
-    "why_none": str}."""
+    "crashed": [{"set", "crashed"}...] variants whose compile crashed, "why_none": str}."""
     from t5lite import config as config_lib
-    devices = abstract_devices(topo)
+    compile_fn = compile_fn or isolated.shared().compile
     fitting, tried = [], []
     for data, fsdp, tensor in _factorisations(topo.chips):
         accums = [a for a in (1, 2, 4, 8, 16) if a <= max_accum]
         for accum in accums:
-            found = _try_variants(cfg, topo, devices, hbm_bytes, log, tried, config_lib,
+            found = _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
                                   [f"mesh.data={data}", f"mesh.fsdp={fsdp}",
                                    f"mesh.tensor={tensor}", f"train.grad_accum_steps={accum}"],
                                   _variants(data, fsdp, tensor))
@@ -85,18 +94,28 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
             if found:
                 break
     fitting.sort(key=lambda r: r["expected_step_seconds"])
-    why = ""
-    if not fitting:
-        compiled = [r for r in tried if "fits" in r]
-        if compiled:
-            low = min(compiled, key=lambda r: r["bytes_per_chip"]["total"])
-            hbm = low["hbm_bytes_per_chip"]
-            why = (f"nothing fits {topo.name}: the smallest, {' '.join(low['set'])}, needs "
-                   f"{low['bytes_per_chip']['total'] / GiB:.2f} GiB per chip of "
-                   f"{hbm / GiB:.2f} GiB HBM. Use a larger slice, a smaller data.batch_size "
-                   f"or shorter data.feature_lengths.")
-        else:
-            why = (f"no mesh of {topo.chips} chips divides this config: "
-                   + (tried[0]["error"] if tried else "nothing to try"))
+    crashed = [r for r in tried if "crashed" in r]
     return {"candidates": fitting, "tried": tried, "best": fitting[0] if fitting else None,
-            "why_none": why}
+            "crashed": crashed, "why_none": "" if fitting else _why_none(topo, tried, crashed)}
+
+
+def _why_none(topo: Topology, tried: list, crashed: list) -> str:
+    compiled = [r for r in tried if "fits" in r]
+    refused = [r for r in tried if "error" in r]
+    if compiled:
+        low = min(compiled, key=lambda r: r["bytes_per_chip"]["total"])
+        hbm = low["hbm_bytes_per_chip"]
+        why = (f"nothing fits {topo.name}: the smallest, {' '.join(low['set'])}, needs "
+               f"{low['bytes_per_chip']['total'] / GiB:.2f} GiB per chip of "
+               f"{hbm / GiB:.2f} GiB HBM. Use a larger slice, a smaller data.batch_size "
+               f"or shorter data.feature_lengths.")
+    elif crashed:
+        why = f"every variant tried on {topo.name} crashed the compiler."
+    else:
+        why = (f"no mesh of {topo.chips} chips divides this config: "
+               + (refused[0]["error"] if refused else "nothing to try"))
+    if crashed:
+        why += (f" {len(crashed)} variants crashed the compiler and are not counted, e.g. "
+                + "; ".join(" ".join(r["set"]) for r in crashed[:2])
+                + f" ({crashed[0]['crashed']}).")
+    return why
