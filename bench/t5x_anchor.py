@@ -2,7 +2,11 @@
 (libtpu, no TPU) -> per-chip memory, HBM bytes and roofline MFU of each (bench/RESULTS.md).
 
     python bench/t5x_anchor.py --t5x /path/to/google-research/t5x [--size xl]
-        [--collective-matmul both] [--layers N] [--batch B]
+        [--collective-matmul both] [--layers N] [--batch B] [--dump-hlo DIR]
+
+--dump-hlo writes each side's compiled HLO (DIR/<side>_<size>_L<layers>_cm-<mode>.hlo) for
+bench/hlo_bytes_diff.py; the t5lite side then compiles through compile.trace_train_step (the
+step compile_step compiles) and is reported by the same function as t5x's side.
 
 The setting of ../shared/TPU_ANCHOR.md: T5 v1.1 base, XL or XXL (t5x: t5_1_1/<size>.gin's
 T5Config; t5lite: the t5_1_1_<size> preset), batch 128 (base) or 64 (XL, XXL) x (512 inputs +
@@ -157,6 +161,31 @@ def report(compiled, seconds: float, model_flops_per_chip: float) -> dict:
             "compile_seconds": round(seconds)}
 
 
+def t5lite_compiled(cfg, mesh):
+    """t5lite's train step for cfg on mesh, compiled as compile.compile_step compiles it ->
+    (compiled, seconds)."""
+    import dataclasses
+
+    from t5lite import peft
+    from t5lite.mesh import partitioning
+    from t5lite.tpu import compile as tpu_compile
+    from t5lite.train import optim
+    model = peft.build_model(dataclasses.replace(cfg.model, gradient_rules="accelerator"))
+    t0 = time.time()
+    _, traced = tpu_compile.trace_train_step(cfg, mesh, model,
+                                             optim.optimizer_for(cfg, cfg.train.steps))
+    with partitioning.activate(mesh):
+        compiled = traced.lower().compile()
+    return compiled, time.time() - t0
+
+
+def dump(folder: str, side: str, row: dict, compiled) -> None:
+    os.makedirs(folder, exist_ok=True)
+    name = f"{side}_{row['size']}_L{row['layers']}_cm-{row['collective_matmul']}.hlo"
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(compiled.as_text())
+
+
 def model_flops_per_chip(cfg, mesh, batch_size: int) -> float:
     """3 x forward matmul FLOPs of the step (trainer.step_flops, the model both sides run)."""
     from t5lite import peft
@@ -178,6 +207,7 @@ def main():
                         "quick look at what one layer keeps)")
     p.add_argument("--collective-matmul", choices=("off", "on", "both"), default="both")
     p.add_argument("--sides", nargs="*", choices=("t5x", "t5lite"), default=["t5x", "t5lite"])
+    p.add_argument("--dump-hlo", default="", help="a folder for each side's compiled HLO text")
     args = p.parse_args()
     if "t5x" in args.sides and not args.t5x:
         p.error("the t5x side needs --t5x (or --sides t5lite)")
@@ -202,7 +232,12 @@ def main():
                                      sets + [f"mesh.collective_matmul={mode == 'on'}"])
         mesh = partitioning.make_mesh(cfg.mesh, devices)
         row = {"size": args.size, "batch": batch, "layers": layers, "collective_matmul": mode}
-        if "t5lite" in args.sides:
+        if "t5lite" in args.sides and args.dump_hlo:
+            compiled, seconds = t5lite_compiled(cfg, mesh)
+            dump(args.dump_hlo, "t5lite", row, compiled)
+            print(json.dumps(dict(side="t5lite", **row, **report(
+                compiled, seconds, model_flops_per_chip(cfg, mesh, batch)))), flush=True)
+        elif "t5lite" in args.sides:
             r = tpu_compile.compile_step(cfg, topo, devices)
             b = r["bytes_per_chip"]
             print(json.dumps(dict(
@@ -220,6 +255,8 @@ def main():
             t0 = time.time()
             with jax.set_mesh(t5x_mesh):
                 compiled = jitted.lower(state, batch_args).compile()
+            if args.dump_hlo:
+                dump(args.dump_hlo, "t5x", row, compiled)
             print(json.dumps(dict(side="t5x", **row, **report(
                 compiled, time.time() - t0, model_flops_per_chip(cfg, mesh, batch)))),
                 flush=True)

@@ -193,6 +193,13 @@ def test_a_loop_body_counts_its_trip_count():
     r = step_time.expected_step(text, V5P, (2, 2, 2))
     assert r["collective_seconds"] == pytest.approx(5 * gather_seconds(), rel=1e-3)
     assert r["seconds"] == pytest.approx(5 * (gather_seconds() + add_seconds()), rel=1e-3)
+    # bytes filed by a category of each top-level instruction (bench/hlo_bytes_diff.py):
+    # the loop's count too, and every byte filed once
+    costs = hlo_cost.hlo_costs(text, V5P, category=lambda line, kind: kind)
+    assert sum(costs["bytes_by"].values()) == costs["bytes"]
+    assert costs["bytes_by"]["add"] == 5 * (3 * MB4 + 3 * 4)  # the loop counter adds too
+    assert costs["bytes_by"]["all-gather"] == 5 * (MB4 + 8 * MB4)
+    assert "bytes_by" not in hlo_cost.hlo_costs(text, V5P)
 
 
 def test_old_reports_keep_their_step_figures():

@@ -254,8 +254,8 @@ class _ModuleCost:
     """Sums the costs of a parsed HLO module's computations, each computed once (memo) per
     (computation, whether it runs inside a fusion)."""
 
-    def __init__(self, comps: dict, results: dict, chip):
-        self.comps, self.results, self.chip = comps, results, chip
+    def __init__(self, comps: dict, results: dict, chip, category=None):
+        self.comps, self.results, self.chip, self.category = comps, results, chip, category
         self.memo = {}
         self.op_seconds = {}  # (computation, instruction) -> its own roofline (step_time reads)
         self.chains = {}  # computation -> channel ids of the collective fusions counted there
@@ -319,10 +319,14 @@ class _ModuleCost:
             hbm = _hbm_bytes(inner[1]) + sum(_hbm_bytes(self.results.get(o, ""))
                                              for o in inner[2])
             _add(total, {"bytes": hbm, "bytes_once": hbm})
+            if self.category:
+                _add(total, {f"by:{self.category(line, inner[0])}": hbm})
         if kind in _NO_TRAFFIC or kind.endswith("-done"):
             return
         nbytes = int(kernel.group(2)) if kernel else self._traffic(kind, called, ops, out_text)
         _add(total, {"bytes": nbytes, "bytes_once": nbytes})
+        if self.category:
+            _add(total, {f"by:{self.category(line, kind)}": nbytes})
         if self.chip is not None and base not in _COLLECTIVES and kind != "copy-start":
             t_flops, t_hbm = op_flops / self.chip.peak_flops, nbytes / self.chip.hbm_bw
             self.op_seconds[caller, d.group(1)] = max(t_flops, t_hbm)
@@ -361,7 +365,7 @@ class _ModuleCost:
         return _hbm_bytes(out_text) + sum(_hbm_bytes(results.get(o, "")) for o in ops)
 
 
-def hlo_costs(hlo_text: str, chip=None) -> dict:
+def hlo_costs(hlo_text: str, chip=None, category=None) -> dict:
     """Per chip for one step of a compiled HLO module, every while loop's body times its trip
     count (hlo_loops.trip_count: the loop counter's start, step and bound; XLA's cost_analysis
     counts a body once, and the TPU compiler adds loops of its own: scanned layers, gradient
@@ -386,9 +390,12 @@ def hlo_costs(hlo_text: str, chip=None) -> dict:
       cost_analysis sees);
     - ``kernel_flops`` / ``kernel_bytes``: the part of ``matmul_flops`` / ``bytes`` that Pallas
       kernels declare for themselves (their custom calls' cost estimates, e.g. flash
-      attention's analytic count), included above."""
+      attention's analytic count), included above;
+    - ``bytes_by`` (only with ``category``, a function of a top-level instruction's HLO line and
+      its kind (an async collective fusion's: the collective's) -> a name): ``bytes`` split by those names (bench/hlo_bytes_diff.py compares two programs'
+      bytes by where their metadata says they come from)."""
     comps, entry, results = _parse_hlo(hlo_text)
-    c = _ModuleCost(comps, results, chip).cost(entry, False)
+    c = _ModuleCost(comps, results, chip, category).cost(entry, False)
     coll = {}
     for key, v in c.items():
         if key.startswith("coll:"):
@@ -398,7 +405,9 @@ def hlo_costs(hlo_text: str, chip=None) -> dict:
             "matmul_flops_once": c.get("matmul_flops_once", 0),
             "bytes_once": c.get("bytes_once", 0), "op_seconds": c.get("op_seconds", 0.0),
             "op_seconds_hbm_bound": c.get("op_seconds_hbm_bound", 0.0), "collectives": coll,
-            "kernel_flops": c.get("kernel_flops", 0), "kernel_bytes": c.get("kernel_bytes", 0)}
+            "kernel_flops": c.get("kernel_flops", 0), "kernel_bytes": c.get("kernel_bytes", 0),
+            **({"bytes_by": {k[3:]: v for k, v in c.items() if k.startswith("by:")}}
+               if category else {})}
 
 
 def hlo_collectives(hlo_text: str) -> dict:
