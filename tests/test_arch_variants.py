@@ -173,7 +173,10 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+# "switch" runs with --runslow only: switch_grouped decodes through the same routing code (the
+# group reshape aside) and moe through the ungrouped reshape
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "switch" else n
+                                  for n in VARIANTS])
 def test_cached_decoding_equals_full_forward(name):
     """Prefill 2 tokens, then one at a time with the KV cache: the logits of one full pass
     (every variant keeps the decoder causal and reads the encoder output as it is)."""

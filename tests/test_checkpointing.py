@@ -166,8 +166,8 @@ CLI_OVERRIDES = [
     "model.vocab_size=768", "model.d_model=32", "model.num_heads=4", "model.head_dim=8",
     "model.d_ff=64", "model.num_encoder_layers=1", "model.num_decoder_layers=1",
     "data.feature_lengths={'inputs': 32, 'targets': 8}", "data.batch_size=8",
-    "train.steps=30", "train.log_every=1", "train.eval_every=0", "train.eval_steps=0",
-    "train.prepare_data=()", "checkpoint.every_steps=2", "checkpoint.keep=3",
+    "train.steps=12", "train.log_every=1", "train.eval_every=0", "train.eval_steps=0",
+    "train.prepare_data=()", "checkpoint.every_steps=4", "checkpoint.keep=3",
 ]
 
 
@@ -204,15 +204,15 @@ def test_kill_and_resume_through_the_cli_gives_the_same_losses(tmp_path, monkeyp
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     before = train_losses(killed)
-    assert max(before) < 30, "killed too late to test anything"
+    assert max(before) < 12, "killed too late to test anything"
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout + r.stderr
     want, got = train_losses(full), train_losses(killed)
-    assert sorted(got) == list(range(1, 31))
-    np.testing.assert_allclose([got[s] for s in range(1, 31)], [want[s] for s in range(1, 31)],
+    assert sorted(got) == list(range(1, 13))
+    np.testing.assert_allclose([got[s] for s in range(1, 13)], [want[s] for s in range(1, 13)],
                                rtol=1e-6)
-    assert want[30] < want[1]
+    assert want[12] < want[1]
 
 
 def _old_params_only_dir(path, cfg, params, metadata=None):

@@ -183,10 +183,11 @@ def _packed_batch(seed=0, encoder=([(40, 50), (70,)], 100), decoder=([(12, 20), 
 def test_t5_model_with_flash_equals_xla(monkeypatch):
     """A tiny T5 (relative bias in encoder and decoder, cross-attention, scanned layers) with
     model.attention_kernel="flash": logits at real tokens, loss and every parameter's
-    gradient equal the XLA attention's (float32 rounding). 32-slot blocks: every attention
-    spans several query and key blocks (100 encoder, 40 decoder slots)."""
-    monkeypatch.setattr(F, "DEFAULT_BLOCK", 32)
-    batch = _packed_batch()
+    gradient equal the XLA attention's (float32 rounding). 16-slot blocks: every attention
+    spans several query and key blocks (48 encoder, 24 decoder slots: the interpreted kernel's
+    cost grows with the blocks)."""
+    monkeypatch.setattr(F, "DEFAULT_BLOCK", 16)
+    batch = _packed_batch(encoder=([(20, 18), (30,)], 48), decoder=([(10, 12), (16,)], 24))
     base = ModelConfig(vocab_size=64, d_model=32, num_heads=2, head_dim=16, d_ff=64,
                        num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0,
                        relative_max_distance=24)
@@ -194,7 +195,7 @@ def test_t5_model_with_flash_equals_xla(monkeypatch):
     for kernel in ("xla", "flash"):
         cfg = dataclasses.replace(base, attention_kernel=kernel)
         model = build_model(cfg)
-        params = nn.meta.unbox(model.init(KEY(0), batch)["params"])
+        params = nn.meta.unbox(jax.jit(model.init)(KEY(0), batch)["params"])
 
         def loss(params):
             logits = model.apply({"params": params}, batch)["logits"]

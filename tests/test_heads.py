@@ -133,6 +133,8 @@ def gpt_cfg():
                        init_std=0.02, num_classes=C)
 
 
+@pytest.mark.slow  # the default run's guard: test_models.py's
+# test_gpt_classifier_reads_last_real_token (padding ignored, the last real token read)
 def test_gpt_pools_the_last_non_pad_token():
     """A padded row classifies like the same tokens without padding; what sits in the padding
     does not matter; the last real token does."""

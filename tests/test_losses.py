@@ -147,7 +147,7 @@ def test_bert_mlm_head_on_gathered_masked_positions_equals_every_position():
     batch["nsp_labels"] = np.array([0, 1, 0], np.int32)
     assert batch["encoder_loss_weights"].sum(1).max() <= 12
     full, capped = build_model(full_cfg.model), build_model(cap_cfg.model)
-    params = full.init(jax.random.key(0), batch)["params"]
+    params = jax.jit(full.init)(jax.random.key(0), batch)["params"]
 
     def run(model, cfg):
         def f(p):
@@ -183,7 +183,7 @@ def test_bert_mlm_cap_scores_the_first_n_masked_tokens_and_reports_the_rest():
     w = batch["encoder_loss_weights"]
     assert w.sum(1).min() > 4
     model = build_model(cfg.model)
-    params = model.init(jax.random.key(0), batch)["params"]
+    params = jax.jit(model.init)(jax.random.key(0), batch)["params"]
     out = model.apply({"params": params}, batch)
     loss, m = losses.compute_loss(cfg, out, batch)
     first4 = np.stack([np.nonzero(w[b])[0][:4] for b in range(2)])
@@ -208,7 +208,7 @@ def _gpt_classify():
              "decoder_positions": np.tile(np.arange(8, dtype=np.int32), (3, 1)) * seg,
              "class_labels": np.array([0, 2, 1], np.int32)}
     model = build_model(cfg.model)
-    params = nn.meta.unbox(model.init({"params": jax.random.key(0)}, batch)["params"])
+    params = nn.meta.unbox(jax.jit(model.init)({"params": jax.random.key(0)}, batch)["params"])
     return cfg, model, params, batch
 
 

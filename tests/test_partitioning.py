@@ -134,7 +134,7 @@ def test_sharded_training_matches_one_device_and_fsdp_shards_memory():
     state0 = jax.device_get(state0)
     ref, ref_state = _train(cfg, model, tx, one, state0, batches)
     assert ref[-1] < ref[0]
-    for shape in [(8, 1, 1), (1, 8, 1), (2, 4, 1), (2, 2, 2)]:
+    for shape in [(8, 1, 1), (1, 8, 1), (2, 2, 2)]:  # (2, 2, 2): data and fsdp and tensor
         losses, state = _train(cfg, model, tx, partitioning.make_mesh(mesh_cfg(*shape)),
                                state0, batches)
         np.testing.assert_allclose(losses, ref, rtol=1e-4, err_msg=f"mesh {shape}")

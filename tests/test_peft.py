@@ -43,7 +43,7 @@ def random_batch(cfg, b=2, n_in=8, n_tgt=6, seed=0):
 
 def init(cfg, batch, seed=0):
     model = build_model(cfg)
-    v = model.init({"params": jax.random.key(seed), "dropout": jax.random.key(1)}, batch)
+    v = jax.jit(model.init)({"params": jax.random.key(seed), "dropout": jax.random.key(1)}, batch)
     return model, nn.meta.unbox(v["params"])
 
 

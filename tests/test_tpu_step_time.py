@@ -210,6 +210,8 @@ def test_old_reports_keep_their_step_figures():
     assert report.step_figures({"expected_step_seconds": None}) == (None, None)
 
 
+@pytest.mark.slow  # the default run's guards: test_compile.py's test_t5_fsdp_on_v5e (every
+# assertion here, on a real report) and test_xla_flags.py's compile of this gpt2_tiny step
 def test_a_compiled_step_is_expected_no_faster_than_its_bound():
     """gpt2_tiny for v5p:2x2x2 (fsdp=8): t5lite's default XLA options leave the fsdp
     collectives blocking, so the expected step adds them to the instructions' time."""
