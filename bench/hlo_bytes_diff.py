@@ -9,8 +9,10 @@ t5x's and t5lite's). An instruction is filed by its op_name: the phase (forward:
 backward: under transpose(jvp); update: the rest, the optimizer and the loss's bookkeeping),
 the module path with layer numbers folded (layers_3 -> layers_*) and method scopes dropped
 (t5lite's `decoder.run_layers`, t5x's `Transformer.decode`), the jax primitive, and the HLO
-instruction kind (fusion, copy, ...). `--depth coarse` keeps the phase, the layer's part
-(attention, mlp, norm, embedding, logits / loss) and the kind only.
+instruction kind (fusion, copy, ...). `--depth mid` keeps the phase, the stack, the layer's part (attention,
+mlp, norm, embedding, logits / loss), whether the op is a matmul, and the kind (the two
+codebases name their einsums and scopes differently); `--depth coarse` drops the stack and
+the matmul split.
 """
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ def category(line: str, kind: str, depth: str = "fine") -> str:
     m = _OP_NAME.search(line)
     name = m.group(1) if m else ""
     path = _path(name)
+    part = next((label for key, label in PARTS if key in "/".join(path)), "other")
     if depth == "coarse":
-        part = next((label for key, label in PARTS if key in "/".join(path)), "other")
         return f"{_phase(name)} {part} [{kind}]"
+    if depth == "mid":
+        stack = next((s for s in ("encoder", "decoder") if s in path), "-")
+        op = "matmul" if name.endswith("dot_general") else "other"
+        return f"{_phase(name)} {stack} {part} {op} [{kind}]"
     return f"{_phase(name)} {'/'.join(path) or '-'} [{kind}]"
 
 
@@ -65,7 +71,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("a")
     p.add_argument("b")
-    p.add_argument("--depth", choices=("fine", "coarse"), default="fine")
+    p.add_argument("--depth", choices=("fine", "mid", "coarse"), default="mid")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--json", action="store_true", help="every category as one JSON object")
     args = p.parse_args()
