@@ -4,16 +4,22 @@ T5 v1.0 11B's fsdp 8 x tensor 8 mesh of v5p-128: a stack overflow in its convolu
 model) costs that variant, not the search and the report of every variant before it.
 
 The child stays up between variants (jax and libtpu load once; compile.py's cache of reports
-lives there) and a new one starts after a crash. It is spawned, not forked: the parent may
-already hold jax's threads.
+lives there) and a new one starts after a crash. It is a fresh interpreter running this
+module (`python -m t5lite.tpu.isolated`), not a multiprocessing child: those import the
+caller's __main__ again, which a user's script without a main guard turns into a crash of
+its own. Jobs arrive pickled on its stdin; replies leave on a pipe of their own (a library
+that prints to stdout cannot corrupt them).
 """
 
 from __future__ import annotations
 
 import atexit
 import importlib
-import multiprocessing
+import os
+import pickle
 import signal
+import subprocess
+import sys
 
 from t5lite.errors import UserError
 
@@ -22,20 +28,28 @@ class CompilerCrashed(Exception):
     """The compiler's process died while compiling one variant (the message says how)."""
 
 
-def _serve(conn, target: str) -> None:
-    """Child: compile what arrives on conn until None; reply ("ok", report),
-    ("user_error", message) or ("error", traceback text)."""
+def _serve(jobs, replies, target: str) -> None:
+    """Child: compile what arrives on ``jobs`` until None or EOF; reply ("ok", report),
+    ("user_error", message) or ("error", traceback text) on ``replies``."""
     import traceback
     module, name = target.split(":")
     compile_fn = getattr(importlib.import_module(module), name)
-    while (job := conn.recv()) is not None:
+    while True:
+        try:
+            job = pickle.load(jobs)
+        except EOFError:
+            return
+        if job is None:
+            return
         cfg, topo, hbm_bytes = job
         try:
-            conn.send(("ok", compile_fn(cfg, topo, hbm_bytes=hbm_bytes)))
+            reply = ("ok", compile_fn(cfg, topo, hbm_bytes=hbm_bytes))
         except UserError as e:
-            conn.send(("user_error", str(e)))
+            reply = ("user_error", str(e))
         except Exception:  # noqa: BLE001: any other failure goes back whole, as a traceback
-            conn.send(("error", traceback.format_exc()))
+            reply = ("error", traceback.format_exc())
+        pickle.dump(reply, replies)
+        replies.flush()
 
 
 _DEVICES: dict = {}
@@ -67,26 +81,30 @@ class CompilerProcess:
     def __init__(self, target: str = "t5lite.tpu.isolated:compile_on_slice"):
         self.target = target
         self._proc = None
-        self._conn = None
+        self._replies = None
 
     def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self.target), daemon=True,
-                                 name="t5lite-compiler")
-        self._proc.start()
-        child.close()
+        read_fd, write_fd = os.pipe()
+        # the child imports what this process can (a test's module, an uninstalled checkout)
+        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        env = dict(os.environ, PYTHONPATH=path)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "t5lite.tpu.isolated", self.target, str(write_fd)],
+            stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env)
+        os.close(write_fd)
+        self._replies = os.fdopen(read_fd, "rb")
 
     def compile(self, cfg, topo, hbm_bytes: int = 0) -> dict:
-        if self._proc is None or not self._proc.is_alive():
+        if self._proc is None or self._proc.poll() is not None:
             self._start()
         try:
-            self._conn.send((cfg, topo, hbm_bytes))
-            kind, value = self._conn.recv()
+            pickle.dump((cfg, topo, hbm_bytes), self._proc.stdin)
+            self._proc.stdin.flush()
+            kind, value = pickle.load(self._replies)
         except (EOFError, BrokenPipeError, ConnectionResetError):
-            self._proc.join(timeout=30)
-            died = _how_it_died(self._proc.exitcode)
-            self._proc = self._conn = None
+            died = _how_it_died(self._proc.wait(timeout=60))
+            self._replies.close()
+            self._proc = self._replies = None
             raise CompilerCrashed(f"the compiler's process died ({died})") from None
         if kind == "user_error":
             raise UserError(value)
@@ -95,15 +113,16 @@ class CompilerProcess:
         return value
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc is not None:
             try:
-                self._conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            self._proc.join(timeout=10)
-            if self._proc.is_alive():
+                pickle.dump(None, self._proc.stdin)
+                self._proc.stdin.close()
+                self._proc.wait(timeout=10)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
                 self._proc.kill()
-        self._proc = self._conn = None
+                self._proc.wait()
+            self._replies.close()
+        self._proc = self._replies = None
 
 
 _SHARED: dict = {}
@@ -115,3 +134,7 @@ def shared() -> CompilerProcess:
         _SHARED["proc"] = CompilerProcess()
         atexit.register(_SHARED["proc"].close)
     return _SHARED["proc"]
+
+
+if __name__ == "__main__":  # the child: python -m t5lite.tpu.isolated TARGET REPLY_FD
+    _serve(sys.stdin.buffer, os.fdopen(int(sys.argv[2]), "wb"), sys.argv[1])
