@@ -2,17 +2,17 @@
 (t5lite.tpu.hlo_cost, loops times their trip counts) filed under where its metadata says it
 comes from, both programs side by side, largest difference first.
 
-    python bench/hlo_bytes_diff.py A.hlo B.hlo [--depth fine|coarse] [--top 30] [--json]
+    python bench/hlo_bytes_diff.py A.hlo B.hlo [--depth fine|mid|coarse] [--top 30] [--json]
 
 The HLO files are `compiled.as_text()` of each program (bench/t5x_anchor.py --dump-hlo writes
 t5x's and t5lite's). An instruction is filed by its op_name: the phase (forward: under jvp;
 backward: under transpose(jvp); update: the rest, the optimizer and the loss's bookkeeping),
 the module path with layer numbers folded (layers_3 -> layers_*) and method scopes dropped
 (t5lite's `decoder.run_layers`, t5x's `Transformer.decode`), the jax primitive, and the HLO
-instruction kind (fusion, copy, ...). `--depth mid` keeps the phase, the stack, the layer's part (attention,
-mlp, norm, embedding, logits / loss), whether the op is a matmul, and the kind (the two
-codebases name their einsums and scopes differently); `--depth coarse` drops the stack and
-the matmul split.
+instruction kind (fusion, copy, ...): `--depth fine`. `--depth mid` (the default) keeps
+the phase, the stack, the layer's part (attention, mlp, norm, embedding, logits / loss),
+whether the op is a matmul, and the kind (the two codebases name their einsums and scopes
+differently); `--depth coarse` drops the stack and the matmul split.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def category(line: str, kind: str, depth: str = "fine") -> str:
 def bytes_by(path: str, depth: str) -> tuple[dict, int]:
     from t5lite.tpu import hlo_cost
     with open(path) as f:
-        costs = hlo_cost.hlo_costs(f.read(), category=lambda line, kind: category(line, kind, depth))
+        costs = hlo_cost.hlo_costs(f.read(),
+                                   category=lambda line, kind: category(line, kind, depth))
     return costs["bytes_by"], costs["bytes"]
 
 

@@ -392,8 +392,9 @@ def hlo_costs(hlo_text: str, chip=None, category=None) -> dict:
       kernels declare for themselves (their custom calls' cost estimates, e.g. flash
       attention's analytic count), included above;
     - ``bytes_by`` (only with ``category``, a function of a top-level instruction's HLO line and
-      its kind (an async collective fusion's: the collective's) -> a name): ``bytes`` split by those names (bench/hlo_bytes_diff.py compares two programs'
-      bytes by where their metadata says they come from)."""
+      its kind (an async collective fusion's: the collective's) -> a name): ``bytes`` split by
+      those names (bench/hlo_bytes_diff.py compares two programs' bytes by where their
+      metadata says they come from)."""
     comps, entry, results = _parse_hlo(hlo_text)
     c = _ModuleCost(comps, results, chip, category).cost(entry, False)
     coll = {}

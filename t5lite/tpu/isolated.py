@@ -20,6 +20,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import traceback
 
 from t5lite.errors import UserError
 
@@ -31,7 +32,6 @@ class CompilerCrashed(Exception):
 def _serve(jobs, replies, target: str) -> None:
     """Child: compile what arrives on ``jobs`` until None or EOF; reply ("ok", report),
     ("user_error", message) or ("error", traceback text) on ``replies``."""
-    import traceback
     module, name = target.split(":")
     compile_fn = getattr(importlib.import_module(module), name)
     while True:
