@@ -34,12 +34,12 @@ from t5lite.tasks.ablation_tasks import MULTITASK_K, TEMPERATURES
 
 
 def multitask(name: str, label: str, mixture: str) -> Row:
-    # targets as long as the longest local finetuning set's (translate_en_de: 64); at paper
+    # targets as long as the longest local finetuning set's (translate_en_de: 96); at paper
     # scale each task's own finetuning length is kept by the planner, which lengthens a
     # multi-task row's features to those of its finetuning stages (all 512 there)
     return Row(name, (label,), multitask=True, pretrain=(
         f"data.mixture_or_task={mixture}", PREPARE_LOCAL_SETS,
-        "data.feature_lengths.targets:=max(64, cfg.data.feature_lengths['targets'])"),
+        "data.feature_lengths.targets:=max(96, cfg.data.feature_lengths['targets'])"),
         paper=PAPER.get(name))
 
 

@@ -32,7 +32,7 @@ K = TABLE12_LOG2_K
 def mixture(name: str) -> tuple:
     """Pretraining on a multi-task mixture (targets long enough for its finetuning tasks)."""
     return (f"data.mixture_or_task={name}", PREPARE_LOCAL_SETS,
-            "data.feature_lengths.targets:=max(64, cfg.data.feature_lengths['targets'])")
+            "data.feature_lengths.targets:=max(96, cfg.data.feature_lengths['targets'])")
 
 
 # The paper's Table 12 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo), read from the paper's

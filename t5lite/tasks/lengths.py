@@ -111,10 +111,14 @@ def check(reads: Sequence[tuple[str, str]], feature_lengths: Mapping[str, int],
     rows = [r for name, split in dict.fromkeys(reads)
             for r in measure(name, split, feature_lengths)]
     fix = _suggested(rows, feature_lengths)
+    # a refusal names the targets length that fits: cut inputs stay the user's choice (a
+    # mixture's longest article would otherwise be suggested as every example's length)
+    targets_fix = _suggested([r for r in rows if r["feature"] == "targets"], feature_lengths)
     for r in rows:
         if r["feature"] == "targets" and r["cut"] > max_trimmed * r["sampled"]:
             raise UserError(f"{_describe(r)} and would be cut, so no prediction could match "
-                            f"them: {fix} (or data.max_trimmed=1.0 to train on cut targets).")
+                            f"them: {targets_fix} (or data.max_trimmed=1.0 to train on cut "
+                            "targets).")
         if r["feature"] == "targets" and decode_length and (
                 (n := _longer(r, decode_length)) > max_trimmed * r["sampled"]):
             raise UserError(
