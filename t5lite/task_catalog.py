@@ -190,6 +190,8 @@ class MixtureSpec:
     temperature: float = 2.0
     paper: bool = False
     weights: tuple = ()  # a fixed rate per member (instead of ``rate``)
+    # ((member, rate), ...): these members at a fixed rate, the others at ``rate``
+    fixed: tuple = ()
 
 
 def _pretraining(name, objective, vocab=DEFAULT_VOCAB, **options) -> TaskSpec:
@@ -313,6 +315,31 @@ def table12_mixture_specs() -> list[MixtureSpec]:
                              lambda log2_k: 2 ** log2_k, paper=True))
 
 
+# Table 14 (the final T5 models, the paper's Section 3.7): multi-task pretraining on span
+# corruption (mean span 3, 15%) plus every supervised task, examples-proportional, with an
+# artificial size for the unlabeled set per model size and WMT En-Fr / En-De capped at 1M
+# examples (the other supervised sets are all smaller than 1M, so one cap of 1M is that cap).
+# The local mixtures (corpus + the local finetuning sets) scale both by K_SCALE, as Table 11's.
+T5_FINAL_UNLABELED_SIZES = {"small": 710_000, "base": 2_620_000, "large": 8_660_000,
+                            "3b": 33_500_000, "11b": 133_000_000}
+T5_FINAL_SUPERVISED_CAP = 1_000_000
+
+
+def table14_mixture_specs() -> list[MixtureSpec]:
+    """multitask_t5_<size> (local) and paper_multitask_t5_<size> (--scale paper)."""
+    local = ("corpus_span_corruption",) + tuple(FINETUNE)
+    paper = ("c4_span_corruption",) + tuple(m for m in paper_multitask_members()
+                                            if m != PAPER_MULTITASK_BASE)
+    specs = []
+    for size, n in T5_FINAL_UNLABELED_SIZES.items():
+        specs += [MixtureSpec(f"multitask_t5_{size}", local,
+                              cap=int(T5_FINAL_SUPERVISED_CAP * K_SCALE),
+                              fixed=((local[0], int(n * K_SCALE)),)),
+                  MixtureSpec(f"paper_multitask_t5_{size}", paper, cap=T5_FINAL_SUPERVISED_CAP,
+                              fixed=((paper[0], n),), paper=True)]
+    return specs
+
+
 def mixture_specs() -> list[MixtureSpec]:
     """Every built-in mixture: the local ones, then those for `--scale paper`."""
     local = tuple(FINETUNE)
@@ -327,6 +354,7 @@ def mixture_specs() -> list[MixtureSpec]:
     specs += _multitask_specs("paper_multitask", paper_multitask_members(),
                               lambda log2_k: 2 ** log2_k, paper=True)
     specs += table12_mixture_specs()
+    specs += table14_mixture_specs()
     members, weights = zip(*WIKIPEDIA_TBC)
     specs += [MixtureSpec("sp8k_wikipedia_tbc_iid_denoising",
                           tuple(f"sp8k_{m}" for m in members), weights=weights),

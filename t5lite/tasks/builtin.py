@@ -44,8 +44,20 @@ def register_mixture(spec: task_catalog.MixtureSpec) -> None:
     if spec.weights:  # a fixed rate per member
         weights = dict(zip(spec.members, spec.weights))
         rate = lambda task: weights[task.name]  # noqa: E731
+    elif spec.fixed:  # some members at a fixed rate, the others at spec.rate
+        rate = _partly_fixed(dict(spec.fixed), registry.rate_function(
+            spec.rate, spec.cap, spec.temperature))
     registry.register_mixture(spec.name, spec.members, rate, cap=spec.cap,
                               temperature=spec.temperature)
+
+
+def _partly_fixed(fixed: dict, other):
+    """A seqio rate function: ``fixed[name]`` for those members, ``other`` for the rest."""
+    def rate(task):
+        if task.name in fixed:
+            return fixed[task.name]
+        return other(task) if callable(other) else other
+    return rate
 
 
 # the vocabulary the `--scale paper` tasks are registered with now

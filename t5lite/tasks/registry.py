@@ -334,19 +334,22 @@ def examples_proportional(cap: int = 2 ** 16, temperature: float = 1.0):
                              temperature=temperature)
 
 
+def rate_function(rate: str, cap: int = 2 ** 16, temperature: float = 2.0):
+    """A named mixing rate as seqio takes it: a function of the task, or a number."""
+    if rate == "proportional":
+        return examples_proportional(cap)
+    if rate == "temperature":
+        return examples_proportional(cap, temperature)
+    if rate == "equal":
+        return 1.0
+    raise UserError(f"mixture rate {rate!r}: use proportional, temperature or equal.")
+
+
 def register_mixture(name: str, tasks: Sequence[str], rate: Union[str, float, Callable] =
                      "proportional", cap: int = 2 ** 16, temperature: float = 2.0):
     """rate: "proportional" (min(N, cap)), "temperature" (min(N, cap) ** (1/T)), "equal",
     a number, or a seqio rate function of the task."""
-    if callable(rate) or isinstance(rate, (int, float)):
-        fn = rate
-    elif rate == "proportional":
-        fn = examples_proportional(cap)
-    elif rate == "temperature":
-        fn = examples_proportional(cap, temperature)
-    elif rate == "equal":
-        fn = 1.0
-    else:
-        raise UserError(f"mixture rate {rate!r}: use proportional, temperature or equal.")
+    fn = rate if callable(rate) or isinstance(rate, (int, float)) else rate_function(
+        rate, cap, temperature)
     MixtureRegistry.remove(name)
     return MixtureRegistry.add(name, [(t, fn) for t in tasks])
