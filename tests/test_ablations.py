@@ -21,7 +21,7 @@ from t5lite.errors import UserError
 T5_TABLES = ("table2", "table4", "table5", "table6", "table7", "table8", "table9", "table10",
              "table11", "table12", "table13", "table14", "table4_bart")
 # Narang et al. 2021's table: its rows are planned in tests/test_modifications.py
-TABLES = T5_TABLES + ("modifications",)
+TABLES = T5_TABLES + ("modifications", "modifications_learned")
 
 
 def _plans(name, scale="tiny", tasks=("sentiment",)):
