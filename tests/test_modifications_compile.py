@@ -70,6 +70,11 @@ def test_finetuning_is_the_baselines_step_scaled_by_the_pretraining_ratio(capsys
     assert got["total"]["tpu_hours"] == pytest.approx(3 * vanilla)
     out = capsys.readouterr().out
     assert f"on {TOPO}" in out and "pretraining step / the baseline's" in out
+    # what each compiled stage needs a chip and its step: swiglu's finetuning is not compiled
+    assert [f[0] for f in got["rows"]["swiglu"]["fits"]] == ["pretrain"]
+    assert "compiled, each fitting (per chip, expected step)" in out
+    swiglu, = [x for x in out.splitlines() if x.startswith("swiglu: pretrain ")]
+    assert swiglu.endswith("GiB a chip, 200.0 ms"), swiglu
 
 
 def test_a_row_not_compiled_or_not_fitting_stays_out_of_the_total(capsys):

@@ -111,11 +111,11 @@ def _fitting_report(table: Table, row_name: str, stage: Stage, topology: str,
 
 
 def _chip_seconds(table: Table, row_name: str, stages: list[Stage], topology: str,
-                  cache: dict, baseline: dict | None = None) -> float:
+                  cache: dict, baseline: dict | None = None, fits: list | None = None) -> float:
     """Chips x expected step seconds x steps, summed over the stages. With ``baseline`` (the
     baseline row's stages, _baseline_stages): a finetuning stage is not compiled; its step is
     the baseline's compiled step of that stage times this row's pretraining step over the
-    baseline's."""
+    baseline's. ``fits`` collects (stage, GiB per chip, expected step) of each compiled one."""
     seconds, ratio = 0.0, None
     pre = next((st for st in stages if st.kind == "pretrain"), None)
     base_pre = (baseline or {}).get(("pretrain", ""))
@@ -126,6 +126,9 @@ def _chip_seconds(table: Table, row_name: str, stages: list[Stage], topology: st
         if base is None:
             report = _fitting_report(table, row_name, st, topology, cache)
             step = float(tpu_report.step_figures(report)[0])
+            if fits is not None:
+                fits.append((st.task or st.kind, report["bytes_per_chip"]["total"] / 2 ** 30,
+                             step))
         else:
             if ratio is None:
                 ratio = (_step(table, row_name, pre, topology, cache)
@@ -177,6 +180,9 @@ def _print_estimate(table: Table, scale: str, seeds: int, topology: str, rows: d
             [_hours(hours) if hours is not None else "-"] if topology else [])))
     notes = [f"{name}: {e['not_estimated']}" for name, e in rows.items()
              if e.get("not_estimated")]
+    fitted = [f"{name}: " + "; ".join(f"{stage} {gib:.2f} GiB a chip, {step * 1e3:,.1f} ms"
+                                      for stage, gib, step in e["fits"])
+              for name, e in rows.items() if e.get("fits")]
     how = ""
     if topology:
         how = ("; TPU-hours = chips x the compiled expected step x steps" + (
@@ -186,7 +192,9 @@ def _print_estimate(table: Table, scale: str, seeds: int, topology: str, rows: d
     print(f"{table.name} at --scale {scale}" + (f" on {topology}" if topology else "")
           + f", {seeds} seed(s); training only (the per-checkpoint evaluations come on top)"
           + how + ":\n" + "\n".join(lines)
-          + "".join(f"\nnot in the total: {n}" for n in notes), flush=True)
+          + "".join(f"\nnot in the total: {n}" for n in notes)
+          + ("\ncompiled, each fitting (per chip, expected step):\n" + "\n".join(fitted)
+             if fitted else ""), flush=True)
 
 
 def _check_topology(topology: str) -> None:
@@ -237,8 +245,11 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
         entry = {"steps": steps, "tokens": tokens}
         if topology:
             try:
-                seconds = _chip_seconds(table, row.name, stages, topology, cache, baseline)
+                fits = []
+                seconds = _chip_seconds(table, row.name, stages, topology, cache, baseline,
+                                        fits)
                 entry["tpu_hours"] = seconds * seeds / 3600
+                entry["fits"] = fits
             except UserError as e:
                 entry.update(tpu_hours=None, not_estimated=str(e))
         out[row.name] = entry
