@@ -22,7 +22,7 @@ steps (t5lite/ablations/paper.py SCALES).
     t5lite ablate --table table13 --workdir runs/ablate --rows ensemble4x --dry-run
 """
 
-from t5lite.ablations import BASELINE_PRETRAIN, PAPER_BASELINE, Row, Table
+from t5lite.ablations import BASELINE_PRETRAIN, PAPER_BASELINE, Row, Table, scaled
 
 
 def steps(factor: int) -> tuple:
@@ -31,11 +31,9 @@ def steps(factor: int) -> tuple:
 
 def size(layers_factor: str) -> tuple:
     """T5's 2x / 4x models relative to the scale's (exact at T5 base)."""
-    return ("model.d_model:=64 * max(1, round(cfg.model.d_model * 4 / 3 / 64))",
-            "model.d_ff:=64 * max(1, round(cfg.model.d_ff * 4 / 3 / 64))",
-            "model.num_heads:=round(cfg.model.num_heads * 4 / 3)",
-            f"model.num_encoder_layers:=round(cfg.model.num_encoder_layers * {layers_factor})",
-            f"model.num_decoder_layers:=round(cfg.model.num_decoder_layers * {layers_factor})")
+    return (scaled("d_model", "4 / 3", 64), scaled("d_ff", "4 / 3", 64),
+            scaled("num_heads", "4 / 3"), scaled("num_encoder_layers", layers_factor),
+            scaled("num_decoder_layers", layers_factor))
 
 
 # The paper's Table 13 (GLUE, CNNDM, SQuAD, SGLUE, EnDe, EnFr, EnRo), read from the paper's

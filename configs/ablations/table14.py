@@ -35,7 +35,7 @@ v5p-128 --rows 11b` compiles a row for a slice: whether it fits and its TPU-hour
     t5lite ablate --table table14 --workdir runs/ablate --rows small base
 """
 
-from t5lite.ablations import Row, Table
+from t5lite.ablations import Row, Table, scaled
 from t5lite.ablations.paper import PAPER_COLUMNS, PREPARE_LOCAL_SETS
 
 # The paper's Table 14 as printed (arXiv 1910.10683, ar5iv rendering; read cell by cell,
@@ -90,12 +90,9 @@ def paper(label: str) -> tuple:
 
 def size(d_model: str, d_ff: str, heads: str, head_dim: str, layers: str) -> tuple:
     """A T5 v1.0 size as multiples of the scale's model (exact at T5 base)."""
-    return (f"model.d_model:=64 * max(1, round(cfg.model.d_model * {d_model} / 64))",
-            f"model.d_ff:=64 * max(1, round(cfg.model.d_ff * {d_ff} / 64))",
-            f"model.num_heads:=max(1, round(cfg.model.num_heads * {heads}))",
-            f"model.head_dim:=round(cfg.model.head_dim * {head_dim})",
-            f"model.num_encoder_layers:=max(1, round(cfg.model.num_encoder_layers * {layers}))",
-            f"model.num_decoder_layers:=max(1, round(cfg.model.num_decoder_layers * {layers}))")
+    return (scaled("d_model", d_model, 64), scaled("d_ff", d_ff, 64), scaled("num_heads", heads),
+            scaled("head_dim", head_dim), scaled("num_encoder_layers", layers),
+            scaled("num_decoder_layers", layers))
 
 
 # d_model, d_ff, heads, head_dim, layers relative to T5 base (768, 3072, 12 x 64, 12)
@@ -132,8 +129,9 @@ TABLE = Table(
         "Paper: arXiv 1910.10683 Table 14, its test-set numbers (GLUE and SuperGLUE from the "
         "benchmark servers, WNLI inside GLUE's average; SQuAD EM on validation; CNN/DM "
         "ROUGE-2-F; WMT BLEU on newstest2014 / 2015 / 2016); bold = the best T5 size. "
-        "Previous best (October 2019): GLUE 89.4, CNN/DM 20.30, SQuAD 90.1, SuperGLUE 84.6, "
-        "EnDe 33.8, EnFr 43.8, EnRo 38.5."),
+        "Previous best (October 2019): " + ", ".join(
+            f"{column} {value:g}" for column, value in
+            zip(PAPER_COLUMNS, paper("Previous best"))) + "."),
     paper_note=("The paper finetuned each GLUE and SuperGLUE task on its own; here each "
                 "benchmark is finetuned as one mixture, reported on validation without WNLI."),
 )

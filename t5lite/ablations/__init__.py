@@ -26,8 +26,8 @@ workdir and a finished one is skipped, so a rerun picks up where the last one st
 the steps, tokens and (with a TPU topology, by an AOT compile) TPU-hours.
 
 Modules, each importing only those above it: paper (the paper's numbers, DOWNSTREAM, SCALES),
-tables (Table, Row, the table files), modifications (Narang et al. 2021's Table 1 as data),
-overrides (`:=` values, resolve), files (the study's paths and JSON files), plan (a row's
+tables (Table, Row, the table files), overrides (`:=` values, resolve, scaled sizes),
+modifications (Narang et al. 2021's Table 1 as data), files (the study's paths and JSON files), plan (a row's
 stages), pretrain_columns (a pretraining run's measured columns), rendering (table.md), runner
 (run), estimation (estimate).
 """
@@ -35,7 +35,7 @@ stages), pretrain_columns (a pretraining run's measured columns), rendering (tab
 from t5lite.ablations.estimation import estimate
 from t5lite.ablations.files import row_dir
 from t5lite.ablations.overrides import (drop_targets, iid_targets, num_layers, resolve,
-                                        span_targets, split_user_overrides)
+                                        scaled, span_targets, split_user_overrides)
 from t5lite.ablations.paper import (BASELINE_PRETRAIN, DOWNSTREAM, PAPER_BASELINE,
                                     PAPER_BASELINE_STD, PAPER_COLUMNS, PAPER_FINETUNE_STEPS,
                                     PAPER_NO_PRETRAINING, PAPER_PRETRAIN_STEPS, PAPER_TASKS,
@@ -50,5 +50,5 @@ __all__ = [
     "PAPER_FINETUNE_STEPS", "PAPER_NO_PRETRAINING", "PAPER_PRETRAIN_STEPS", "PAPER_TASKS",
     "SCALES", "Downstream", "Row", "Scale", "Stage", "Table", "drop_targets", "estimate",
     "eval_command_line", "iid_targets", "list_tables", "load_table", "num_layers", "plan_row",
-    "render", "resolve", "row_dir", "run", "span_targets", "split_user_overrides",
+    "render", "resolve", "row_dir", "run", "scaled", "span_targets", "split_user_overrides",
     "table_names", "tables_dir"]

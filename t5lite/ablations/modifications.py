@@ -27,6 +27,7 @@ reference gin it follows).
 
 from __future__ import annotations
 
+from t5lite.ablations.overrides import scaled
 from t5lite.ablations.tables import Row, Table
 
 COLUMNS = ("Params (M)", "Ops (T)", "Step/s", "Early loss", "Final loss", "SGLUE", "XSum",
@@ -169,17 +170,12 @@ ADAM_FINETUNE = ("optim.name=adamw", "optim.learning_rate=5e-5", "optim.schedule
                  "optim.eps=1e-6", "optim.weight_decay=0.0", "optim.bias_correction=False")
 
 
-def _scaled(key: str, ratio: str) -> str:
-    """`key` set to the scale's value times the paper's ``ratio`` (at least 1)."""
-    return f"model.{key}:=max(1, round(cfg.model.{key} * {ratio}))"
-
-
 def _depth(layers: int, d_ff: int, heads: int) -> tuple:
     """The paper's depth row at equal parameters: its layers, d_ff and heads relative to the
     vanilla 12 layers, d_ff 3072, 12 heads."""
-    return (_scaled("num_encoder_layers", f"{layers} / 12"),
-            _scaled("num_decoder_layers", f"{layers} / 12"),
-            _scaled("d_ff", f"{d_ff} / 3072"), _scaled("num_heads", f"{heads} / 12"))
+    return (scaled("num_encoder_layers", f"{layers} / 12"),
+            scaled("num_decoder_layers", f"{layers} / 12"),
+            scaled("d_ff", f"{d_ff} / 3072"), scaled("num_heads", f"{heads} / 12"))
 
 
 def _row(name: str, label: str, both: tuple = (), pretrain: tuple = (),
@@ -202,7 +198,7 @@ def _clusters(counts: tuple, widths: tuple) -> str:
     return "model.vocab_clusters:=f'" + ",".join(parts) + "'"
 
 
-GATED = _scaled("d_ff", "2048 / 3072")  # the GLU rows: 3 matrices in the params of 2
+GATED = scaled("d_ff", "2048 / 3072")  # the GLU rows: 3 matrices in the params of 2
 BLOCK_SHARING = ("model.share_encoder_block=True", "model.share_decoder_block=True")
 UNTIED_SOFTMAX = ("model.tie_embeddings=False",)
 FACTORIZED = ("model.factorized_embed_dim:=min(128, cfg.model.d_model)",)
@@ -296,13 +292,13 @@ ROWS = (
     # num_unique_depth_filters never reaches the layer), 9 taps (encoder -4..4, decoder -8..0);
     # the dynamic row's d_ff 512 is its gin's
     _row("dynamic_conv", "Dynamic convolution",
-         ("model.attention_type=dynamic_conv", _scaled("d_ff", "512 / 3072"))),
+         ("model.attention_type=dynamic_conv", scaled("d_ff", "512 / 3072"))),
     _row("lightweight_conv", "Lightweight convolution",
          ("model.attention_type=lightweight_conv",)),
     # one evolved block stands for two layers (the gin halves the depth)
     _row("evolved_transformer", "Evolved Transformer",
-         ("model.block_type=evolved", _scaled("num_encoder_layers", "6 / 12"),
-          _scaled("num_decoder_layers", "6 / 12"))),
+         ("model.block_type=evolved", scaled("num_encoder_layers", "6 / 12"),
+          scaled("num_decoder_layers", "6 / 12"))),
 ) + tuple(_row(f"synthesizer_{key}", f"Synthesizer ({label})",
                (f"model.attention_type=synthesizer_{key}",), finetune=LENGTH_BOUND)
           for key, label in SYNTHESIZERS) + (

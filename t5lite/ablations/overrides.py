@@ -36,6 +36,15 @@ def span_targets(inputs_length: int, density: float, mean_span: float) -> int:
     return random_spans_helper(inputs_length, density, mean_span)[1]
 
 
+def scaled(key: str, ratio: str, multiple: int = 1) -> str:
+    """The override setting model.``key`` to the scale's value times ``ratio`` (an expression,
+    e.g. "4 / 3"), rounded to a multiple of ``multiple``, at least one of them: a row's size
+    change that holds at every scale (exact at the paper's model)."""
+    if multiple == 1:
+        return f"model.{key}:=max(1, round(cfg.model.{key} * {ratio}))"
+    return f"model.{key}:={multiple} * max(1, round(cfg.model.{key} * {ratio} / {multiple}))"
+
+
 def num_layers(cfg) -> int:
     """Layer groups opened one by one under gradual unfreezing (cfg: a full Config)."""
     from t5lite.peft import total_layers
