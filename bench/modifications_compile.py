@@ -40,7 +40,6 @@ from t5lite.ablations.plan import default_tasks, row_training_stages
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "modifications_compile.jsonl")
 TOPOLOGY = "v4-8"  # 4 chips: the chip count of the paper's v3-8 (its README's 2x2 topology)
-GiB = 1024 ** 3
 # what a stage that does not fit the slice's HBM is compiled again with, in order: micro-batches
 # (the paper's Mesh TensorFlow split its batches so too: tokens_per_microbatch_per_replica)
 FIT_WITH = ("train.grad_accum_steps=2", "train.grad_accum_steps=4")
@@ -92,27 +91,8 @@ def record(row_name: str, stage: str, topology: str, extra: list, scan_unroll) -
     except Exception as e:  # noqa: BLE001 - keep the row's failure as data, go on
         return dict(line, error=f"{type(e).__name__}: {str(e).strip()[:400]}",
                     wall_s=round(time.time() - t0, 1))
-    return dict(line, **summary(r), wall_s=round(time.time() - t0, 1))
-
-
-def summary(r: dict) -> dict:
-    """The fields the table and the estimate read from a compile report."""
-    chips = int(r["chips"])
-    flops = r.get("flops_per_chip")
-    return {
-        "fits": bool(r["fits"]), "compiled": bool(r.get("compiled", True)), "chips": chips,
-        "mesh": r["mesh"], "peak_gib_per_chip": round(r["bytes_per_chip"]["total"] / GiB, 3),
-        "hbm_gib_per_chip": round(r["hbm_bytes_per_chip"] / GiB, 2),
-        "ops_T": flops * chips / 1e12 if flops is not None else None,
-        "model_ops_T": r["model_flops_per_chip"] * chips / 1e12,
-        "cost_analysis_ops_T": (r["cost_analysis_flops_per_chip"] * chips / 1e12
-                                if r.get("cost_analysis_flops_per_chip") is not None else None),
-        "loop_scale": r.get("loop_scale"), "bound": r.get("bound"),
-        "roofline_step_seconds": r.get("roofline_step_seconds"),
-        "expected_step_seconds": r.get("expected_step_seconds"),
-        "expected_mfu": r.get("expected_mfu"), "compile_seconds": r.get("compile_seconds"),
-        "xla_error": r.get("xla_error"),
-    }
+    return dict(estimation.compiled_line(row_name, st, topology, r), **line,
+                wall_s=round(time.time() - t0, 1))
 
 
 def read_lines(path: str) -> list:

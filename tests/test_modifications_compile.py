@@ -194,3 +194,81 @@ def test_ablate_estimate_reads_compiled_stages_from_a_file(tmp_path, capsys):
     assert cli.main(["ablate", "--table", "modifications", "--estimate", "--compiled",
                      str(log)]) == 2
     assert "add --topology" in capsys.readouterr().err
+
+
+def _stage_compile(cfg, topo, hbm_bytes=0):
+    """The compiler child's function in the next test: a fitting report naming its process;
+    XSum's step (inputs 1,024) kills the process, as libtpu's compiler does on some meshes."""
+    import os
+    import signal
+    if cfg.data.feature_lengths["inputs"] > 512:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return {"fits": True, "chips": topo.chips, "expected_step_seconds": 0.1,
+            "bytes_per_chip": {"total": GiB}, "pid": os.getpid()}
+
+
+def test_each_stage_compiles_in_a_child_of_its_own(monkeypatch):
+    """The estimate compiles each distinct step in a fresh child process that exits after it
+    (one process holding T5 Large's three compiles outgrew a 24 GB host); a child that dies
+    is a one-line error naming the stage, and the estimate's process lives on."""
+    import os
+    monkeypatch.setattr(estimation, "COMPILE_TARGET", f"{__name__}:_stage_compile")
+    cache = {}
+    reports = [estimation.compile_report(_stages("vanilla")[name], TOPO, cache)
+               for name in ("pretrain", "finetune_super_glue", "finetune_web_questions")]
+    pids = [r["pid"] for r in reports]
+    # SuperGLUE and WebQuestions are one step (step_key): compiled once
+    assert pids[1] == pids[2] and len(set(pids)) == 2 and os.getpid() not in pids
+    for pid in pids:  # the children have exited
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with pytest.raises(UserError, match="finetune.*xsum.*SIGSEGV"):
+        estimation.compile_report(_stages("vanilla")["finetune_xsum"], TOPO, cache)
+    assert len(cache) == 2
+
+
+def _fitting_compile(cfg, topo, hbm_bytes=0):
+    """The compiler child's function in the next test: every step fits; XSum's (inputs
+    1,024) is five times the others'."""
+    slow = cfg.data.feature_lengths["inputs"] > 512
+    return {"fits": True, "chips": topo.chips, "expected_step_seconds": 0.5 if slow else 0.1,
+            "bytes_per_chip": {"total": GiB}, "compiled": True, "mesh": [1, 4, 1]}
+
+
+def _refuse_compile(cfg, topo, hbm_bytes=0):
+    raise AssertionError("compiled a stage the file holds")
+
+
+def test_ablate_compiled_file_keeps_what_the_estimate_compiles(tmp_path, monkeypatch, capsys):
+    """`--compiled FILE` that does not exist yet: every stage compiled is appended as its
+    compile finishes, after a line a killed run cut short; run again, nothing is compiled and
+    the TPU-hours are the same."""
+    import json
+
+    from t5lite.cli import main as cli
+    log = tmp_path / "new.jsonl"
+    args = ["ablate", "--table", "modifications", "--estimate", "--topology", TOPO,
+            "--rows", "vanilla", "--compiled", str(log)]
+    monkeypatch.setattr(estimation, "COMPILE_TARGET", f"{__name__}:_fitting_compile")
+    assert cli.main(args) == 0
+    first = capsys.readouterr().out
+    assert "no such file yet" in first
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert sorted(x["stage"] for x in lines) == ["finetune_super_glue", "finetune_xsum",
+                                                 "pretrain"]
+    assert {x["row"] for x in lines} == {"vanilla"} and all(x["fits"] for x in lines)
+    log.write_text(log.read_text() + '{"row": "vani')  # a killed run's last line
+    monkeypatch.setattr(estimation, "COMPILE_TARGET", f"{__name__}:_refuse_compile")
+    assert cli.main(args) == 0
+    again = capsys.readouterr().out
+    row = [x for x in again.splitlines() if x.startswith("vanilla | ")]
+    assert row == [x for x in first.splitlines() if x.startswith("vanilla | ")] and row
+    stages = _stages("vanilla")
+    hours = 4 * sum((st.cfg.train.steps - st.start) * (
+        0.5 if name == "finetune_xsum" else 0.1) for name, st in stages.items()) / 3600
+    assert row[0].endswith(f"| {hours:,.1f}")
+    # a third run that compiles one more row appends after the cut line, not onto it
+    monkeypatch.setattr(estimation, "COMPILE_TARGET", f"{__name__}:_fitting_compile")
+    assert cli.main(args[:-3] + ["swiglu", "--compiled", str(log)]) == 0
+    text = log.read_text().splitlines()
+    assert text[3] == '{"row": "vani' and json.loads(text[4])["row"] == "swiglu"

@@ -19,6 +19,10 @@ from t5lite.tpu import report as tpu_report
 
 # a compile cache holding this key only reads the stages it holds (preload) and compiles none
 OFFLINE = ("offline",)
+# what a stage's compiler child runs ("module:function", tpu.isolated); tests name a stand-in
+COMPILE_TARGET = "t5lite.tpu.isolated:compile_on_slice"
+# a compile cache holding this key calls it with each fresh compile's compiled_line
+RECORD = ("record",)
 
 
 # Config fields no compiled train step reads: the task's name and data source, the number of
@@ -62,32 +66,69 @@ def same_step(line: dict, cfg) -> bool:
     return step_key(config_lib.load_config(line["config"], line["overrides"])) == step_key(cfg)
 
 
-def compile_report(stage: Stage, topology: str, cache: dict) -> dict:
+def compile_report(stage: Stage, topology: str, cache: dict, row: str = "") -> dict:
     """The AOT compile report of one stage's train step on ``topology`` (what `t5lite compile
-    --json` prints), cached by step_key."""
+    --json` prints), cached by step_key. Each compile runs in a fresh child process
+    (tpu.isolated) that exits after it: the compiler's memory is returned between stages (one
+    process compiling T5 Large's three train steps outgrew a 24 GB host), and a libtpu crash
+    is one stage's error, not the estimate's process. A fresh compile goes to cache[RECORD]
+    (when the estimate was given one) as compiled_line(row, stage, topology, report)."""
     key = step_key(stage.cfg)
     if key in cache:
         return cache[key]
     if cache.get(OFFLINE):
         raise UserError(f"{stage.workdir} ({stage.kind}) is not among the compiled stages")
     try:
-        from t5lite.tpu.compile import compile_step
+        from t5lite.tpu import isolated
         from t5lite.mesh.topology import parse_topology, require_libtpu
     except ImportError:
         raise UserError("--topology needs `t5lite compile` (AOT compile for TPU), which "
                         "this install lacks; --estimate without --topology prints the "
                         "steps and tokens.") from None
+    topo = parse_topology(topology)
+    require_libtpu()
+    proc = isolated.CompilerProcess(COMPILE_TARGET)
     try:
-        topo = parse_topology(topology)
-        require_libtpu()
-        cache[key] = compile_step(stage.cfg, topo)
+        cache[key] = proc.compile(stage.cfg, topo)
     except UserError as e:
         raise UserError(f"t5lite compile failed for {stage.workdir}: {e}") from None
     except Exception as e:  # noqa: BLE001 - XLA and libtpu raise plain runtime errors
         last = (str(e).strip().splitlines() or [""])[-1]
         raise UserError(f"t5lite compile failed for {stage.workdir}: "
                         f"{type(e).__name__}: {last}") from e
+    finally:
+        proc.close()
+    if cache.get(RECORD):
+        cache[RECORD](compiled_line(row, stage, topology, cache[key]))
     return cache[key]
+
+
+def compiled_line(row: str, stage: Stage, topology: str, report: dict) -> dict:
+    """A compiled stage as one JSON line of a compile log (what ``preload`` and the compiled
+    table read back): the stage's config and overrides beside the report's figures."""
+    chips = int(report["chips"])
+    flops = report.get("flops_per_chip")
+    return {
+        "row": row, "stage": stage.workdir.rstrip("/").rsplit("/", 1)[-1],
+        "topology": topology, "extra": [], "config": stage.config,
+        "overrides": list(stage.overrides),
+        "fits": bool(report["fits"]), "compiled": bool(report.get("compiled", True)),
+        "chips": chips, "mesh": report.get("mesh"),
+        "peak_gib_per_chip": round(report["bytes_per_chip"]["total"] / 2 ** 30, 3),
+        "hbm_gib_per_chip": (round(report["hbm_bytes_per_chip"] / 2 ** 30, 2)
+                             if report.get("hbm_bytes_per_chip") else None),
+        "ops_T": flops * chips / 1e12 if flops is not None else None,
+        "model_ops_T": (report["model_flops_per_chip"] * chips / 1e12
+                        if report.get("model_flops_per_chip") is not None else None),
+        "cost_analysis_ops_T": (report["cost_analysis_flops_per_chip"] * chips / 1e12
+                                if report.get("cost_analysis_flops_per_chip") is not None
+                                else None),
+        "loop_scale": report.get("loop_scale"), "bound": report.get("bound"),
+        "roofline_step_seconds": report.get("roofline_step_seconds"),
+        "expected_step_seconds": report.get("expected_step_seconds"),
+        "expected_mfu": report.get("expected_mfu"),
+        "compile_seconds": report.get("compile_seconds"), "xla_error": report.get("xla_error"),
+    }
 
 
 def _baseline_stages(table: Table, tasks: tuple, scale: str,
@@ -101,7 +142,7 @@ def _baseline_stages(table: Table, tasks: tuple, scale: str,
 
 def _fitting_report(table: Table, row_name: str, stage: Stage, topology: str,
                     cache: dict) -> dict:
-    report = compile_report(stage, topology, cache)
+    report = compile_report(stage, topology, cache, row_name)
     if not report.get("fits", True):
         raise UserError(f"{table.name}/{row_name} {stage.kind} does not fit "
                         f"{topology} ({report.get('bytes_per_chip', {}).get('total')} "
@@ -213,7 +254,8 @@ def _check_topology(topology: str) -> None:
 def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] = (),
              scale: str = "paper", overrides: Sequence[str] = (), seeds: int = 1,
              topology: str = "", finetuning: str = "scaled",
-             compiled: Sequence[dict] = (), compile_missing: bool = True) -> dict:
+             compiled: Sequence[dict] = (), compile_missing: bool = True,
+             record=None) -> dict:
     """Steps and tokens of every training stage of the rows (x seeds), and with ``topology``
     the estimated TPU-hours from the AOT compile (chips x expected_step_seconds x steps); prints a
     table; -> {"rows": {row: {...}}, "total": {...}}. Evaluation is not counted.
@@ -222,7 +264,8 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
     finetuning stages, and models a row's finetuning step as the baseline's times the row's
     pretraining step ratio (one compile per row instead of one per stage); "compiled" compiles
     every stage. ``compiled``: already compiled stages (``preload``); ``compile_missing=False``
-    compiles nothing else. A row that does not fit
+    compiles nothing else; ``record(line)`` is called with each stage compiled here
+    (compiled_line: `ablate --compiled FILE` appends it to FILE). A row that does not fit
     or fails to compile gets no TPU-hours and a note, and stays out of the total."""
     table = as_table(table)
     if finetuning not in ("scaled", "compiled"):
@@ -235,6 +278,7 @@ def estimate(table: str | Table, rows: Sequence[str] = (), tasks: Sequence[str] 
         _check_topology(topology)
         preload(cache, compiled, topology)
         cache[OFFLINE] = not compile_missing
+        cache[RECORD] = record
     baseline = (_baseline_stages(table, tasks, scale, overrides)
                 if topology and finetuning == "scaled" else None)
     for row in selected:

@@ -78,13 +78,42 @@ def ablate_command(table: Optional[str], workdir: Optional[str], rows: Sequence[
                         "--topology (the slice the file's lines were compiled for).")
     if estimate or topology:
         from t5lite.ablations import pretrain_columns
-        lines = pretrain_columns.read_compile_log(compiled) if compiled else []
+        lines, record = [], None
+        if compiled:
+            lines, record = _compile_log(compiled)
         ablations.estimate(table, rows=rows, tasks=tasks, scale=scale or "paper",
                            overrides=overrides, seeds=seeds, topology=topology,
-                           compiled=pretrain_columns.fitted_lines(lines))
+                           compiled=pretrain_columns.fitted_lines(lines), record=record)
         return
     ablations.run(table, workdir, rows=rows, tasks=tasks, scale=scale or "tiny",
                   overrides=overrides, dry_run=dry_run, seeds=seeds)
+
+
+def _compile_log(path: str) -> tuple:
+    """`ablate --compiled FILE` -> (its lines, a function appending a newly compiled stage's
+    line to it): a local FILE that does not exist yet is started; a gs:// one is read only.
+    Each line is written as its compile finishes, so an estimate stopped part way keeps them."""
+    import json
+    import os
+    from t5lite.ablations import pretrain_columns
+    remote = "://" in path
+    if remote or os.path.exists(path):
+        lines = pretrain_columns.read_compile_log(path)
+    else:
+        print(f"--compiled {path}: no such file yet; the stages compiled now are written there")
+        lines = []
+    if remote:
+        return lines, None
+
+    def record(line: dict) -> None:
+        with open(path, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell():  # after a line cut short by a killed run, start a new one
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            f.write((json.dumps(line) + "\n").encode())
+    return lines, record
 
 
 def compile_command(config_name: str, topology: str, overrides=(), as_json=False,

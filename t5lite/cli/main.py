@@ -424,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "`t5lite compile` on this slice, e.g. v5p-32")
     sp.add_argument("--compiled", metavar="FILE", help="with --topology: stages compiled "
                     "earlier (JSON lines as bench/modifications_compile.jsonl) are read from "
-                    "FILE instead of compiled again; lines of another plan or slice are unused")
+                    "FILE instead of compiled again (lines of another plan or slice are "
+                    "unused), and each stage compiled now is appended to it (a local FILE)")
     sp.set_defaults(fn=cmd_ablate)
     return p
 
