@@ -54,11 +54,12 @@ GiB = 1024 ** 3
 
 
 def analytic_min(cfg, r) -> float:
-    """memory.analytic_bytes of the report (rows written before it existed: computed here)."""
+    """memory.analytic_bytes of the report's config, mesh and remat, by today's model (the
+    figure a report stored was the model's when it compiled)."""
+    from t5lite import config
     from t5lite.tpu import memory
-    if "analytic_bytes_per_chip" in r:
-        return r["analytic_bytes_per_chip"]["total"]
     b = r["bytes_per_chip"]
+    cfg = config.replace(cfg, [f"model.remat={r['remat']}"]) if "remat" in r else cfg
     return memory.analytic_bytes(cfg, r["mesh"], b["params"], b["opt_state"])["total"]
 
 
@@ -175,9 +176,10 @@ def render(jsonl: str, out: str) -> None:
         "# TPU plan: every preset compiled for a TPU slice on a CPU host",
         "",
         "Written by `python bench/tpu_plan.py` (t5lite.tpu.compile, jax 0.10.2 + libtpu "
-        "0.0.42.1, no TPU). Per chip; GiB = 2^30 bytes. *min* = params + grads + optimizer "
+        "0.0.42.1, no TPU). Per chip; GiB = 2^30 bytes. *model* = params + grads + optimizer "
         "state + the activations the remat policy saves + one layer's working set + logits "
-        "(t5lite.tpu.memory.analytic_bytes). FLOPs: compiled (the HLO's matmuls, every loop x its "
+        "(t5lite.tpu.memory.analytic_bytes): an estimate of the live set, not a bound (the "
+        "compiled total is below it where XLA fuses the float32 logits into the loss). FLOPs: compiled (the HLO's matmuls, every loop x its "
         "trip count) / model (3 x forward matmuls, + remat recompute). Two step times from "
         "the chip table in t5lite/mesh/topology.py: the *roofline bound* (no step runs faster: "
         "the largest of FLOPs / peak, HBM bytes / bandwidth (operands in VMEM excluded), "
@@ -190,7 +192,7 @@ def render(jsonl: str, out: str) -> None:
         "Compiled with `mesh.collective_matmul=false` (the default; README).",
         "",
         "| preset | slice | mesh | remat | batch | GiB/chip (params+opt / temp / total) | "
-        "min GiB | HBM | fits | compiled / model FLOPs | bound: step / MFU | "
+        "model GiB | HBM | fits | compiled / model FLOPs | bound: step / MFU | "
         "expected: step / MFU | compile |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -23,7 +23,7 @@ FAR_BYTES = 2 * GiB
 
 def state_bytes(params_per_chip: int, opt_per_chip: int) -> int:
     """Per-chip bytes of parameters + their gradients (same dtype and sharding) + optimizer
-    state, as the memory floor counts them (tpu.memory.analytic_bytes' "state")."""
+    state, as the analytic memory estimate counts them (tpu.memory.analytic_bytes' "state")."""
     return 2 * params_per_chip + opt_per_chip
 
 

@@ -21,7 +21,7 @@ Public entry points:
   compiled HLO module and the roofline bound; `step_time.expected_step(hlo_text, chip, shape,
   coords)`: the expected step (the schedule replayed on the slice's torus);
   `memory.memory_bytes(mem)` / `memory.analytic_bytes(...)`: per-chip memory of a compiled
-  program and the shapes' floor;
+  program and an analytic estimate of its live set from the shapes;
 - `mesh.advice.mesh_advice(mesh, params_per_chip, opt_per_chip, hbm_bytes=0)`: the one line
   `t5lite compile` and `t5lite train` print when a mesh copies multi-GB training state on
   every chip of the data axis; `mesh.partitioning.compiler_options(cfg, mesh)`: XLA options of
