@@ -70,10 +70,9 @@ def _stacks(m, lengths: dict, tensor: int) -> tuple:
 def analytic_bytes(cfg, mesh: dict, params: int, opt_state: int) -> dict:
     """An estimate of the per-chip memory the step lives in, from the shapes alone -> {state,
     saved, working, logits, total} bytes: what the model below counts, not a bound either way
-    (the compiled peak is below it where XLA fuses the float32 logits into the loss or updates
-    parameters without holding every gradient at once: BERT base data-parallel on v5p-8, 4.07
-    GiB compiled against 4.74 here; above it by fusion and collective buffers). ``params`` / ``opt_state``: per-chip bytes as
-    sharded (the compile's arguments).
+    (a compiled peak can be below it, where XLA fuses the float32 logits into the loss, or
+    above it by fusion and collective buffers; bench/RESULTS.md). ``params`` /
+    ``opt_state``: per-chip bytes as sharded (the compile's arguments).
 
     - state: parameters + their float32 gradients (sharded as the parameters) + optimizer
       state;
