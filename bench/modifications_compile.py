@@ -145,13 +145,17 @@ def main(argv=None) -> None:
                    "added (in order) until one fits")
     p.add_argument("--retry-errors", action="store_true",
                    help="compile again the rows whose line is an error")
+    p.add_argument("--since", default="", metavar="YYYY-MM-DD",
+                   help="compile again the rows whose line is older (e.g. written before a "
+                   "change of compiler options, which the plan's config does not show)")
     p.add_argument("--render", action="store_true", help="print the table and TPU-hours")
     args = p.parse_args(argv)
     if args.render:
         render(read_lines(args.out), args.topology)
         return
     done = {key(x): x for x in read_lines(args.out)
-            if not (args.retry_errors and "error" in x) and is_current(x)}
+            if not (args.retry_errors and "error" in x) and x.get("date", "") >= args.since
+            and is_current(x)}
     unroll = None if args.scan_unroll < 0 else args.scan_unroll
     for name in args.rows:
         for fit in [None] + args.fit_with:
