@@ -78,8 +78,10 @@ SLICES = {
                "xxl": Slice("v5p-256", batch=256)},
     # `t5lite compile --config bert_base --search` (session 28, 33 variants): data parallel with
     # full remat 87.5 ms expected (49.2%), fsdp with remat none (the earlier setting) 133.0 ms
+    # large: BERT base's best settings compiled for it (session 29; no whole search): fsdp 8 +
+    # remat minimal 126.6 ms, fsdp 8 + none (the earlier setting) 238.6 ms
     "bert": {"tiny": TINY, "base": Slice("v5p-8", "full", parallel="data"),
-             "large": Slice("v5p-16")},
+             "large": Slice("v5p-16", "minimal")},
     # BERT base's layers: its --search's three fastest settings compiled for RoBERTa base
     # (session 29; no whole search): fsdp 4 + full remat 90.2 ms, fsdp 4 + none 135.3 ms
     "roberta": {"tiny": TINY, "base": Slice("v5p-8", "full")},
