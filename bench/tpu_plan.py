@@ -112,6 +112,18 @@ def run_row(name: str) -> dict:
     return r
 
 
+def add_report(name: str, path: str, jsonl: str) -> None:
+    """Append a `t5lite compile --json` report of ROWS[name]'s config as that row's line."""
+    from t5lite import config
+    r = json.loads(open(path).read().strip().splitlines()[-1])
+    if r.get("config") != name.split("@")[0]:
+        raise SystemExit(f"{path} compiled {r.get('config')!r}, not {name}")
+    r.update(set=[], row=name, command=command(name), wall_seconds=None)
+    r["analytic_min_bytes"] = analytic_min(config.load_config(r["config"]), r)
+    with open(jsonl, "a") as f:
+        f.write(json.dumps(r, default=str) + "\n")
+
+
 def measured(jsonl: str) -> dict:
     """The newest report of every setting in the JSONL file, by _setting: a row reuses a
     compile of the same program written under another name or with other (equivalent) flags."""
@@ -262,7 +274,16 @@ def main():
     p.add_argument("--jsonl", default=os.path.join(here, "tpu_plan.jsonl"))
     p.add_argument("--out", default=os.path.join(here, "TPU_PLAN.md"))
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--add-report", nargs=2, action="append", default=[],
+                   metavar=("ROW", "FILE"), help="append the report in FILE (what `t5lite "
+                   "compile --config ROW --json [--set ...]` printed) instead of compiling "
+                   "ROW again; it is ROW's figure where its mesh, remat and batch are the "
+                   "preset's")
     args = p.parse_args()
+    for name, path in args.add_report:
+        add_report(name, path, args.jsonl)
+    if args.add_report:
+        args.render_only = True
     if not args.render_only:
         for name in args.rows:
             print(f"compiling {name} for {ROWS[name][0]} ...", flush=True)
