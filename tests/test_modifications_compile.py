@@ -154,6 +154,26 @@ def test_a_stage_that_does_not_fit_is_costed_as_its_fitting_variant(capsys):
     assert "| no (33.20); with train.grad_accum_steps=2 | 18.00 |" in md
 
 
+def test_a_recompiled_fitting_variant_supersedes_the_older_one():
+    """bench/modifications_compile.py --since appends a stage's plan line and its fitting
+    variant again: the estimate costs the stage by the newer variant (the older one came
+    first in the file and was taken before)."""
+    plan = _line("vanilla", "finetune_xsum", 0.5, fits=False, peak_gib_per_chip=33.2,
+                 expected_step_seconds=None, roofline_step_seconds=None)
+    accum = ["train.grad_accum_steps=2"]
+    old = dict(_line("vanilla", "finetune_xsum", 0.6, peak_gib_per_chip=18.0), extra=accum)
+    new = dict(_line("vanilla", "finetune_xsum", 0.5, peak_gib_per_chip=18.0), extra=accum)
+    rest = [x for x in _compiled() if x["stage"] != "finetune_xsum"]
+    fitted = pretrain_columns.fitted_lines(rest + [plan, old, plan, new])
+    assert {x["expected_step_seconds"] for x in fitted if x["stage"] == "finetune_xsum"} == {
+        0.5}
+    got = ablations.estimate(TABLE, rows=["vanilla"], scale="paper", topology=TOPO,
+                             compiled=fitted, compile_missing=False)
+    stages, steps = _stages("vanilla"), _steps()
+    assert got["rows"]["vanilla"]["tpu_hours"] == pytest.approx(4 * sum(
+        (st.cfg.train.steps - st.start) * steps[name] for name, st in stages.items()) / 3600)
+
+
 def test_a_line_compiled_before_its_rows_plan_changed_is_not_the_same_step():
     """bench/modifications_compile.py recompiles and the render leaves out a row whose plan
     changed since its line was written: a model or optimizer change counts, what the compiled

@@ -73,16 +73,17 @@ def compiled_lines(lines: Sequence[dict], topology: str, stage: str = "pretrain"
 def fitted_lines(lines: Sequence[dict]) -> list:
     """The lines of stages compiled as the table plans them, each one that does not fit
     replaced by the figures of the same row, stage and topology compiled with extra overrides
-    that fit (the first such line; e.g. micro-batches), still keyed as the plan's stage and
-    naming those overrides in ``fitted_with``; the estimate then costs the row as it can
-    run. A stage with no fitting variant stays as it is (does not fit)."""
+    that fit (the last such line, e.g. micro-batches: a recompile supersedes an older one),
+    still keyed as the plan's stage and naming those overrides in ``fitted_with``; the
+    estimate then costs the row as it can run. A stage with no fitting variant stays as it
+    is (does not fit)."""
     out = []
     for x in lines:
         if x.get("extra") or x.get("fits", True) or "error" in x:
             if not x.get("extra"):
                 out.append(x)
             continue
-        fit = next((v for v in lines if v.get("extra") and v.get("fits") and all(
+        fit = next((v for v in reversed(lines) if v.get("extra") and v.get("fits") and all(
             v.get(k) == x.get(k) for k in ("row", "stage", "topology", "scan_unroll"))), None)
         out.append(x if fit is None else dict(
             fit, config=x["config"], overrides=x["overrides"], extra=[],
