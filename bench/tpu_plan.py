@@ -107,19 +107,16 @@ def run_row(name: str) -> dict:
     r["wall_seconds"] = time.time() - t0
     r["set"] = sets
     r["row"] = name
-    r["analytic_min_bytes"] = analytic_min(cfg, r)
     r["command"] = command(name)
     return r
 
 
 def add_report(name: str, path: str, jsonl: str) -> None:
     """Append a `t5lite compile --json` report of ROWS[name]'s config as that row's line."""
-    from t5lite import config
     r = json.loads(open(path).read().strip().splitlines()[-1])
     if r.get("config") != name.split("@")[0]:
         raise SystemExit(f"{path} compiled {r.get('config')!r}, not {name}")
     r.update(set=[], row=name, command=command(name), wall_seconds=None)
-    r["analytic_min_bytes"] = analytic_min(config.load_config(r["config"]), r)
     with open(jsonl, "a") as f:
         f.write(json.dumps(r, default=str) + "\n")
 
@@ -192,16 +189,16 @@ def render(jsonl: str, out: str) -> None:
         "state + the activations the remat policy saves + one layer's working set + logits "
         "(t5lite.tpu.memory.analytic_bytes): an estimate of the live set, not a bound (the "
         "compiled total is below it where XLA fuses the float32 logits into the loss). "
-        "FLOPs: compiled (the HLO's matmuls, every loop x its trip count) / model (3 x forward matmuls, + remat recompute). Two step times from "
-        "the chip table in t5lite/mesh/topology.py: the *roofline bound* (no step runs faster: "
-        "the largest of FLOPs / peak, HBM bytes / bandwidth (operands in VMEM excluded), "
-        "collective bytes / the chip's whole ICI bandwidth and the sum of every instruction's "
-        "own roofline; `roofline_seconds` in the JSON) and the *expected* step "
-        "(t5lite/tpu/step_time.py: the compiled schedule replayed on the slice's torus, "
-        "collectives on the links their groups span, the ones not hidden behind compute "
-        "added; bench/RESULTS.md checks it against published MaxText MFU). Rows compiled "
-        "before the expected step existed show the bound only. "
-        "Compiled with `mesh.collective_matmul=false` (the default; README).",
+        "FLOPs: compiled (the HLO's matmuls, every loop x its trip count) / model (3 x "
+        "forward matmuls, + remat recompute). Two step times from the chip table in "
+        "t5lite/mesh/topology.py: the *roofline bound* (no step runs faster: the largest of "
+        "FLOPs / peak, HBM bytes / bandwidth (operands in VMEM excluded), collective bytes "
+        "/ the chip's whole ICI bandwidth and the sum of every instruction's own roofline; "
+        "`roofline_seconds` in the JSON) and the *expected* step (t5lite/tpu/step_time.py: "
+        "the compiled schedule replayed on the slice's torus, collectives on the links their "
+        "groups span, the ones not hidden behind compute added; bench/RESULTS.md checks it "
+        "against published MaxText MFU). Rows compiled before the expected step existed show "
+        "the bound only. Compiled with `mesh.collective_matmul=false` (the default; README).",
         "",
         "| preset | slice | mesh | remat | batch | GiB/chip (params+opt / temp / total) | "
         "model GiB | HBM | fits | compiled / model FLOPs | bound: step / MFU | "

@@ -27,9 +27,9 @@ the steps, tokens and (with a TPU topology, by an AOT compile) TPU-hours.
 
 Modules, each importing only those above it: paper (the paper's numbers, DOWNSTREAM, SCALES),
 tables (Table, Row, the table files), overrides (`:=` values, resolve, scaled sizes),
-modifications (Narang et al. 2021's Table 1 as data), files (the study's paths and JSON files), plan (a row's
-stages), pretrain_columns (a pretraining run's measured columns), rendering (table.md), runner
-(run), estimation (estimate).
+modifications (Narang et al. 2021's Table 1 as data), files (the study's paths and JSON
+files), plan (a row's stages), pretrain_columns (a pretraining run's measured columns),
+rendering (table.md), runner (run), estimation (estimate).
 """
 
 from t5lite.ablations.estimation import estimate

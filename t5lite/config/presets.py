@@ -68,10 +68,12 @@ class Slice:
 # their mesh stays data-parallel (the tests' 8 simulated devices split the batch).
 TINY = Slice("v5litepod-1")
 # t5x trains T5 v1.1 on C4 at batch 256 x (512, 114) (examples/t5/t5_1_1/examples/
-# c4_pretrain.gin); XL and XXL ship it, the smaller sizes the paper's 128
-# remat full compiled beside the shipped none on the same mesh (session 29; no whole search):
-# T5 v1.0 small 16.4 ms against 21.4 expected, base 56.7 against 81.0; v1.1 small 17.8
-# against 19.1 (v1.1 base and large: none stays fastest)
+# c4_pretrain.gin); XL and XXL ship it, the smaller sizes the paper's 128.
+# Remat and mesh by expected step on the slice (bench/RESULTS.md, "Whole --search runs": the
+# figures, and what was not compiled): a whole `t5lite compile --search` picked bert_base's and
+# electra_small's; for T5 small to large, BERT large and RoBERTa base the fastest of a few
+# remat / mesh variants compiled on the slice; the rest are not searched (T5 v1.1 XXL and
+# T5 v1.0 11B have tensor-parallel variants that compiled faster, kept until a whole search).
 SLICES = {
     "t5_1_0": {"tiny": TINY, "small": Slice("v5p-8", "full"), "base": Slice("v5p-8", "full"),
                "large": Slice("v5p-16"), "3b": Slice("v5p-32"),
@@ -79,20 +81,14 @@ SLICES = {
     "t5_1_1": {"tiny": TINY, "small": Slice("v5p-8", "full"), "base": Slice("v5p-8"),
                "large": Slice("v5p-16"), "xl": Slice("v5p-64", batch=256),
                "xxl": Slice("v5p-256", batch=256)},
-    # `t5lite compile --config bert_base --search` (session 28, 33 variants): data parallel with
-    # full remat 87.5 ms expected (49.2%), fsdp with remat none (the earlier setting) 133.0 ms
-    # large: BERT base's best settings compiled for it (session 29; no whole search): fsdp 8 +
-    # remat minimal 126.6 ms, fsdp 8 + none (the earlier setting) 238.6 ms
+    # base: 1.2 GiB of state, copied on each chip costs less than gathering it
     "bert": {"tiny": TINY, "base": Slice("v5p-8", "full", parallel="data"),
              "large": Slice("v5p-16", "minimal")},
-    # BERT base's layers: its --search's three fastest settings compiled for RoBERTa base
-    # (session 29; no whole search): fsdp 4 + full remat 90.2 ms, fsdp 4 + none 135.3 ms
     "roberta": {"tiny": TINY, "base": Slice("v5p-8", "full")},
     # 512 x 1024 tokens and 50257-way logits: without remat GPT-2 did not fit 4 or 8 chips
     "gpt2": {"tiny": TINY, "small": Slice("v5p-32", "full"), "medium": Slice("v5p-64", "full"),
              "large": Slice("v5p-64", "full")},
-    # `t5lite compile --config electra_small --search` (session 27): data parallel with remat
-    # minimal 2.31 ms expected, fsdp with remat none (the earlier setting) 4.54 ms
+    # 14M parameters: copied on each chip, as BERT base
     "electra": {"tiny": TINY, "small": Slice("v5p-8", "minimal", parallel="data")},
 }
 
