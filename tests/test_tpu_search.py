@@ -37,9 +37,11 @@ def test_search_tries_collective_matmuls_and_micro_batches(monkeypatch):
                                                    r["grad_accum_steps"]))
     # weights sharded (fsdp or tensor > 1): every remat with collective matmuls off and on;
     # pure data parallelism has none to turn on
-    assert by_mesh[(1, 4, 1)] == {(p, cm, a) for p in search.REMATS for cm in (False, True)
-                                  for a in (1, 2)}
-    assert by_mesh[(4, 1, 1)] == {(p, False, a) for p in search.REMATS for a in (1, 2)}
+    # at each micro-batch count remat full first: with one micro-batch it did not fit, so the
+    # policies that save more activations were not compiled there
+    assert by_mesh[(1, 4, 1)] == ({("full", cm, 1) for cm in (False, True)}
+                                  | {(p, cm, 2) for p in search.REMATS for cm in (False, True)})
+    assert by_mesh[(4, 1, 1)] == {("full", False, 1)} | {(p, False, 2) for p in search.REMATS}
     assert by_mesh[(1, 1, 4)] >= {("none", True, 2)}
     # micro-batches: one did not fit, two did, four were never needed
     assert not any(r["grad_accum_steps"] == 4 for r in tried)
@@ -94,3 +96,23 @@ def test_when_every_variant_crashes_the_search_says_so():
     assert res["best"] is None and len(res["crashed"]) == len(res["tried"]) > 1
     assert res["why_none"].startswith("every variant tried on v5litepod-4 crashed the compiler")
     assert "SIGSEGV" in res["why_none"], res["why_none"]
+
+
+def test_a_mesh_where_remat_full_never_fits_costs_its_two_variants_a_micro_batch_count():
+    def fits_only_tensor_parallel(cfg, topo, hbm_bytes=0):
+        return dict(_fake_compile(cfg, topo, hbm_bytes),
+                    fits=cfg.mesh.tensor == 4 and cfg.train.grad_accum_steps >= 2)
+    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
+    res = search.search(cfg, topology.parse_topology("v5litepod-4"), log=lambda s: None,
+                        max_accum=4, compile_fn=fits_only_tensor_parallel)
+    on = {}
+    for r in res["tried"]:
+        on.setdefault(r["mesh"], []).append((r["remat"], r["collective_matmul"],
+                                             r["grad_accum_steps"]))
+    assert sorted(on[(1, 4, 1)]) == sorted((("full", cm, a) for cm in (False, True)
+                                            for a in (1, 2, 4)))
+    assert sorted(on[(4, 1, 1)]) == [("full", False, a) for a in (1, 2, 4)]
+    assert {(r["remat"], r["collective_matmul"]) for r in res["candidates"]} == {
+        (p, cm) for p in search.REMATS for cm in (False, True)}
+    assert all(r["mesh"] == (1, 1, 4) and r["grad_accum_steps"] == 2
+               for r in res["candidates"])

@@ -74,6 +74,10 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
     batches cost time, not memory). All variants that fit are compiled: less remat is not
     always faster (a step without remat can be HBM-bound and slower; bench/RESULTS.md, issue
     34), and collective matmuls trade HBM traffic for overlapped ICI transfers.
+    At each micro-batch count remat full (which saves the fewest activations) is compiled
+    first: where neither of its variants fits, the policies that save more are not compiled
+    there (tests/test_compile.py: compiled temporaries fall strictly none > minimal > full), so
+    a mesh whose state does not fit costs two compiles a micro-batch count, not six.
     ``compile_fn(cfg, topo, hbm_bytes=)``: default, compile.compile_step in this process's
     compiler process (isolated.shared()).
     -> {"candidates": [report...] fitting, fastest first, "tried": [...], "best": report|None,
@@ -82,14 +86,23 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
     compile_fn = compile_fn or isolated.shared().compile
     fitting, tried = [], []
     for data, fsdp, tensor in _factorisations(topo.chips):
-        accums = [a for a in (1, 2, 4, 8, 16) if a <= max_accum]
-        for accum in accums:
+        variants = _variants(data, fsdp, tensor)
+        first = [v for v in variants if v[0] == "full"]
+        rest = [v for v in variants if v[0] != "full"]
+        for accum in (a for a in (1, 2, 4, 8, 16) if a <= max_accum):
+            mesh_sets = [f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}",
+                         f"train.grad_accum_steps={accum}"]
+            n_tried = len(tried)
             found = _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
-                                  [f"mesh.data={data}", f"mesh.fsdp={fsdp}",
-                                   f"mesh.tensor={tensor}", f"train.grad_accum_steps={accum}"],
-                                  _variants(data, fsdp, tensor))
+                                  mesh_sets, first)
             if found is None:  # does not divide the batch / parameters: next mesh
                 break
+            if not found and any("fits" in r for r in tried[n_tried:]):
+                log(f"  remat full does not fit with {accum} micro-batches: the other "
+                    "policies save more, not compiled")
+                continue
+            found += _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
+                                   mesh_sets, rest) or []
             fitting += found
             if found:
                 break
