@@ -8,6 +8,7 @@ import os
 import signal
 
 from t5lite import config as config_lib
+from t5lite.cli import main as cli
 from t5lite.mesh import topology
 from t5lite.tpu import isolated, search
 
@@ -116,3 +117,21 @@ def test_a_mesh_where_remat_full_never_fits_costs_its_two_variants_a_micro_batch
         (p, cm) for p in search.REMATS for cm in (False, True)}
     assert all(r["mesh"] == (1, 1, 4) and r["grad_accum_steps"] == 2
                for r in res["candidates"])
+
+
+def _always_dies(cfg, topo, hbm_bytes=0):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_a_plain_compile_that_kills_the_compiler_is_one_line(monkeypatch, capsys):
+    """`t5lite compile` without --search compiles in the same kept compiler process: a libtpu
+    crash (T5 v1.0 base with remat minimal on v5p-8) ends in one line, not this process."""
+    proc = isolated.CompilerProcess(target=f"{__name__}:_always_dies")
+    monkeypatch.setitem(isolated._SHARED, "proc", proc)
+    try:
+        rc = cli.main(["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-4"])
+    finally:
+        proc.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "SIGSEGV" in err[0] and "v5litepod-4" in err[0] and "--search" in err[0], err

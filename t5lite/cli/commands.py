@@ -121,7 +121,7 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
     """`t5lite compile`: one report (or a search) for a config on a TPU topology, as JSON
     (one object on stdout) or text."""
     from t5lite.mesh import topology as tpu_topology
-    from t5lite.tpu import compile as tpu_compile, report, search
+    from t5lite.tpu import compile as tpu_compile, isolated, report, search
     from t5lite import config as config_lib
     cfg = config_lib.load_config(config_name, list(overrides))
     if not (topology or cfg.mesh.topology):
@@ -156,7 +156,12 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
                 out(f"crashed the compiler, not ranked ({r['crashed']}): --set "
                     + " --set ".join(r["set"]))
         return res
-    r = tpu_compile.compile_step(cfg, topo, hbm_bytes=hbm)
+    try:  # in the compiler's own process, as --search does: a libtpu crash is one line
+        r = isolated.shared().compile(cfg, topo, hbm_bytes=hbm)
+    except isolated.CompilerCrashed as e:
+        raise UserError(f"libtpu's compiler crashed compiling {config_name} for {topo.name} "
+                        f"({e}); another mesh or remat may compile: `t5lite compile --config "
+                        f"{config_name} --search` ranks the settings that do") from None
     out(json.dumps(r) if as_json else report.format_report(r))
     if r["mesh_advice"] and not as_json:
         out(r["mesh_advice"])

@@ -1,5 +1,5 @@
-"""A compiler process for `t5lite compile --search`: every variant of a search compiles in a
-child process, so a crash inside libtpu's compiler (libtpu 0.0.42.1 dies with SIGSEGV on
+"""A compiler process for `t5lite compile` and its --search: every variant of a search (and a
+plain compile) compiles in a child process, so a crash inside libtpu's compiler (libtpu 0.0.42.1 dies with SIGSEGV on
 T5 v1.0 11B's fsdp 8 x tensor 8 mesh of v5p-128: a stack overflow in its convolution cost
 model) costs that variant, not the search and the report of every variant before it.
 
