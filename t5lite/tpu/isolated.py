@@ -1,7 +1,8 @@
 """A compiler process for `t5lite compile` and its --search: every variant of a search (and a
-plain compile) compiles in a child process, so a crash inside libtpu's compiler (libtpu 0.0.42.1 dies with SIGSEGV on
-T5 v1.0 11B's fsdp 8 x tensor 8 mesh of v5p-128: a stack overflow in its convolution cost
-model) costs that variant, not the search and the report of every variant before it.
+plain compile) compiles in a child process, so a crash inside libtpu's compiler (libtpu
+0.0.42.1 dies with SIGSEGV on T5 v1.0 11B's fsdp 8 x tensor 8 mesh of v5p-128: a stack
+overflow in its convolution cost model) costs that variant, not the search and the report of
+every variant before it (or, for a plain compile, one line instead of libtpu's core dump).
 
 The child stays up between variants (jax and libtpu load once; compile.py's cache of reports
 lives there) and a new one starts after a crash. It is a fresh interpreter running this
