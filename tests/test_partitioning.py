@@ -26,6 +26,8 @@ def test_mesh_shape_resolves_minus_one_and_rejects_bad_meshes():
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
     with pytest.raises(UserError, match="does not divide the 8 devices"):
         partitioning.mesh_shape(mesh_cfg(-1, 3, 1), 8)
+    with pytest.raises(UserError, match=r"divides 1 \(e.g. --set mesh.tensor=1\)"):
+        partitioning.mesh_shape(mesh_cfg(1, -1, 4), 1)
     with pytest.raises(UserError, match="uses 4 devices but 8 are available"):
         partitioning.mesh_shape(mesh_cfg(2, 2, 1), 8)
     with pytest.raises(UserError, match="at most one"):

@@ -89,9 +89,12 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
     fixed = math.prod(d for d in dims.values() if d != -1)
     if free:
         if num_devices % fixed:
+            # name the axes to reset, e.g. a preset's tensor=4 (chosen for its TPU slice) run
+            # on one GPU
+            reset = " ".join(f"--set mesh.{a}=1" for a, d in dims.items() if d > 1)
             raise UserError(
                 f"mesh {dims} does not divide the {num_devices} devices: the fixed axes use "
-                f"{fixed}. Choose sizes whose product divides {num_devices}.")
+                f"{fixed}. Choose sizes whose product divides {num_devices} (e.g. {reset}).")
         dims[free[0]] = num_devices // fixed
     elif fixed != num_devices:
         raise UserError(
