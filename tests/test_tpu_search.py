@@ -7,8 +7,11 @@ variant only."""
 import os
 import signal
 
+import pytest
+
 from t5lite import config as config_lib
 from t5lite.cli import main as cli
+from t5lite.errors import UserError
 from t5lite.mesh import topology
 from t5lite.tpu import isolated, search
 
@@ -135,3 +138,17 @@ def test_a_plain_compile_that_kills_the_compiler_is_one_line(monkeypatch, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "SIGSEGV" in err[0] and "v5litepod-4" in err[0] and "--search" in err[0], err
+
+
+def test_a_mesh_axis_given_with_set_is_held_by_the_search(capsys):
+    from t5lite.cli import commands
+    assert commands._fixed_mesh_axes(["mesh.tensor=4", "mesh.fsdp=-1", "model.remat=full",
+                                      " mesh.data = 2"]) == {"tensor": 4, "data": 2}
+    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
+    res = search.search(cfg, topology.parse_topology("v5litepod-8"), log=lambda s: None,
+                        max_accum=2, compile_fn=_fake_compile, fixed={"tensor": 4})
+    assert {r["mesh"] for r in res["tried"]} == {(1, 2, 4), (2, 1, 4)}
+    with pytest.raises(UserError, match="no mesh of 8 chips that --search tries has "
+                                        "mesh.tensor=16"):
+        search.search(cfg, topology.parse_topology("v5litepod-8"), log=lambda s: None,
+                      compile_fn=_fake_compile, fixed={"tensor": 16})

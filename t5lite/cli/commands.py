@@ -116,6 +116,18 @@ def _compile_log(path: str) -> tuple:
     return lines, record
 
 
+def _fixed_mesh_axes(overrides) -> dict:
+    """{axis: size} of the mesh axes a --set gives a size (not -1): --search holds them."""
+    fixed = {}
+    for o in overrides:
+        key, _, value = o.partition("=")
+        axis = key.strip().removeprefix("mesh.")
+        if key.strip().startswith("mesh.") and axis in ("data", "fsdp", "tensor"):
+            if value.strip() != "-1":
+                fixed[axis] = int(value)
+    return fixed
+
+
 def compile_command(config_name: str, topology: str, overrides=(), as_json=False,
                     do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
     """`t5lite compile`: one report (or a search) for a config on a TPU topology, as JSON
@@ -138,7 +150,7 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
         return r
     if do_search:
         res = search.search(cfg, topo, hbm, log=(lambda s: print(s, file=sys.stderr)) if as_json
-                            else out)
+                            else out, fixed=_fixed_mesh_axes(overrides))
         if as_json:
             out(json.dumps({k: v for k, v in res.items() if k != "tried"}, default=str))
         elif res["best"]:

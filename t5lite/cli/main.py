@@ -257,8 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "topology name (v5p:2x2x4); default: the config's mesh.topology")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--search", action="store_true",
-                    help="try (data, fsdp, tensor) meshes, remat policies and micro-batch "
-                         "counts; rank those that fit by expected step time")
+                    help="try (data, fsdp, tensor) meshes, remat policies, collective "
+                         "matmuls on / off and micro-batch counts; rank those that fit by "
+                         "expected step time (a mesh axis given a size with --set is held)")
     sp.add_argument("--hbm-gib", type=float, default=0.0,
                     help="HBM per chip to fit into (default 0: the chip's; lower it for "
                     "headroom)")

@@ -67,7 +67,7 @@ def _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib, mesh
 
 
 def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 8,
-           compile_fn=None) -> dict:
+           compile_fn=None, fixed: dict | None = None) -> dict:
     """Try meshes x remat policies x collective matmuls x micro-batch counts: per mesh every
     remat policy (none, minimal, full), each with collective matmuls off and on (where the
     mesh shards weights), at the fewest micro-batches any of them fits with (more micro-
@@ -79,13 +79,22 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
     there (tests/test_compile.py: compiled temporaries fall strictly none > minimal > full), so
     a mesh whose state does not fit costs two compiles a micro-batch count, not six.
     ``compile_fn(cfg, topo, hbm_bytes=)``: default, compile.compile_step in this process's
-    compiler process (isolated.shared()).
+    compiler process (isolated.shared()). ``fixed`` {mesh axis: size}: only meshes with
+    those sizes (`--search --set mesh.tensor=4`: the rest of the space at 4-way tensor
+    parallelism, a third of the compiles of a whole search).
     -> {"candidates": [report...] fitting, fastest first, "tried": [...], "best": report|None,
     "crashed": [{"set", "crashed"}...] variants whose compile crashed, "why_none": str}."""
     from t5lite import config as config_lib
     compile_fn = compile_fn or isolated.shared().compile
     fitting, tried = [], []
-    for data, fsdp, tensor in _factorisations(topo.chips):
+    meshes = [m for m in _factorisations(topo.chips)
+              if all(dict(zip(("data", "fsdp", "tensor"), m))[a] == n
+                     for a, n in (fixed or {}).items())]
+    if not meshes:
+        raise UserError(f"no mesh of {topo.chips} chips that --search tries has "
+                        + ", ".join(f"mesh.{a}={n}" for a, n in fixed.items())
+                        + f"; it tries {_factorisations(topo.chips)} as (data, fsdp, tensor)")
+    for data, fsdp, tensor in meshes:
         variants = _variants(data, fsdp, tensor)
         first = [v for v in variants if v[0] == "full"]
         rest = [v for v in variants if v[0] != "full"]
