@@ -42,10 +42,8 @@ ROWS.update({
     # optimizer state copied on every chip), full remat, batch 128
     "t5_1_1_xl@data_parallel": ("v5p-64", ["mesh.data=-1", "mesh.fsdp=1", "model.remat=full",
                                            "data.batch_size=128"]),
-    # XXL with 4-way tensor parallelism (heads, MLP) under fsdp=32, as t5x trains XXL with
-    # model parallelism: a quarter of each layer's weights gathered per chip
-    "t5_1_1_xxl@tensor4": ("v5p-256", ["mesh.data=1", "mesh.fsdp=32", "mesh.tensor=4",
-                                       "data.batch_size=256", "model.remat=full"]),
+    # XXL as it shipped before its tensor-parallel search: fsdp over all 128 chips
+    "t5_1_1_xxl@fsdp128": ("", ["mesh.fsdp=-1", "mesh.tensor=1", "model.remat=none"]),
     # the setting of ../shared/TPU_ANCHOR.md (t5x vs t5lite): 8 chips, fsdp=8, layers unrolled
     "t5_1_1_base@anchor": ("v5p:2x2x2", ["mesh.data=1", "mesh.fsdp=-1",
                                          "model.scan_layers=false"]),
@@ -145,9 +143,10 @@ def _figures(r: dict) -> str:
     return cells + f"{r['expected_step_seconds'] * 1e3:.0f} ms / {r['expected_mfu']:.0%}"
 
 
-def shortfall(r: dict, target: float = 0.6) -> str | None:
+def shortfall(r: dict, target: float = 0.6, name: str = "") -> str | None:
     """One table row: why a compiled preset's expected MFU is under ``target`` (issue 50
-    item 1), from its own report. The expected step is the instructions' time (the sum of
+    item 1), from its own report; ``name``: the plan's row (a report compiled for one row can
+    serve another with the same setting, so the report's own row name may differ). The expected step is the instructions' time (the sum of
     each instruction's roofline: its FLOPs at peak or its HBM bytes at bandwidth, whichever
     is longer) plus the collectives the schedule leaves exposed; MFU scales as 1 / step."""
     if r.get("expected_step_seconds") is None or r["expected_mfu"] >= target:
@@ -169,7 +168,7 @@ def shortfall(r: dict, target: float = 0.6) -> str | None:
         what = hbm
     else:  # both: the larger cut first (the instructions' is what even no exposure leaves)
         what = "; ".join([coll, hbm] if exposed > instr - need else [hbm, coll])
-    return (f"| {r.get('row', r['config'])} | {r['topology']} | {mfu:.1%} | {ms(step)} | "
+    return (f"| {name or r.get('row', r['config'])} | {r['topology']} | {mfu:.1%} | {ms(step)} | "
             f"{ms(need)} | {ms(flops)} | {ms(instr)} | {ms(exposed)} | {what} |")
 
 
@@ -230,7 +229,7 @@ def render(jsonl: str, out: str) -> None:
             f"{'yes' if r['fits'] else 'NO'} | {r['flops_per_chip']:.3g} / "
             f"{r['model_flops_with_remat_per_chip']:.3g} ({ratio:.2f}) | "
             f"{_figures(r)} | {r['compile_seconds']:.0f} s |")
-    short = [x for x in (shortfall(done[n]) for n in ROWS if n in done) if x]
+    short = [x for x in (shortfall(done[n], name=n) for n in ROWS if n in done) if x]
     if short:
         lines += ["", "What keeps each row under 60% expected MFU (its own report; ms per step; "
                   "*FLOPs at peak*: the compiled FLOPs at the chip's peak, the floor no "

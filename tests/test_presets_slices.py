@@ -1,5 +1,6 @@
 """Every config under configs/ states the TPU slice it is meant for (mesh.topology), its
-shipped mesh shards the training state over that slice and still resolves on one CPU device,
+shipped mesh shards the training state over that slice and still resolves on one CPU device
+(a tensor-parallel one on 8, and refuses one device in one line),
 and `t5lite compile` / `t5lite train` say in one line when a mesh copies multi-GB state on
 every chip (t5lite.tpu.advice; issue 34 item 2)."""
 
@@ -29,8 +30,13 @@ def test_every_config_states_a_slice_its_mesh_and_batch_divide(name):
         # ranks the copies first: presets.Slice(parallel="data")) copied on each
         assert (data, fsdp * tensor) in ((1, topo.chips), (topo.chips, 1)), (name, data, fsdp,
                                                                              tensor)
-    # the same mesh on one CPU (or GPU) device: one device, nothing refused
-    assert partitioning.mesh_shape(cfg.mesh, 1) == (1, 1, 1)
+    if tensor == 1:  # the same mesh on one CPU (or GPU) device: one device, nothing refused
+        assert partitioning.mesh_shape(cfg.mesh, 1) == (1, 1, 1)
+    else:  # a tensor-parallel slice's mesh (XXL): one device is refused in one line that
+        # says how to reset it, and 8 devices (a GPU box) resolve around the tensor axis
+        with pytest.raises(UserError, match="--set mesh.tensor=1"):
+            partitioning.mesh_shape(cfg.mesh, 1)
+        assert partitioning.mesh_shape(cfg.mesh, 8) == (1, 8 // tensor, tensor)
 
 
 def test_the_models_listing_shows_each_slice():

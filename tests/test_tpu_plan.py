@@ -49,3 +49,6 @@ def test_both_are_named_the_larger_cut_first():
 def test_rows_at_the_target_or_without_an_expected_step_have_no_line():
     assert tpu_plan.shortfall(report(100, 0.61, 90, 10, 60)) is None
     assert tpu_plan.shortfall({"expected_step_seconds": None}) is None
+    # a report compiled under another row's name is labelled with the row it serves
+    assert cells(tpu_plan.shortfall(dict(report(100, 0.30, 95, 5, 30), row="other"),
+                                    name="t5_1_1_xxl@remat_full"))[0] == "t5_1_1_xxl@remat_full"
