@@ -42,6 +42,9 @@ ROWS.update({
     # optimizer state copied on every chip), full remat, batch 128
     "t5_1_1_xl@data_parallel": ("v5p-64", ["mesh.data=-1", "mesh.fsdp=1", "model.remat=full",
                                            "data.batch_size=128"]),
+    # 11B as it shipped before its tensor-parallel search: fsdp over all 64 chips
+    "t5_1_0_11b@fsdp64": ("", ["mesh.data=1", "mesh.fsdp=-1", "mesh.tensor=1",
+                               "model.remat=full"]),
     # XXL as it shipped before its tensor-parallel search: fsdp over all 128 chips
     "t5_1_1_xxl@fsdp128": ("", ["mesh.fsdp=-1", "mesh.tensor=1", "model.remat=none"]),
     # the setting of ../shared/TPU_ANCHOR.md (t5x vs t5lite): 8 chips, fsdp=8, layers unrolled

@@ -26,17 +26,18 @@ def test_every_config_states_a_slice_its_mesh_and_batch_divide(name):
     data, fsdp, tensor = partitioning.mesh_shape(cfg.mesh, topo.chips)
     accum = cfg.train.grad_accum_steps
     assert cfg.data.batch_size % (data * fsdp * accum) == 0, (name, data, fsdp, accum)
-    if topo.chips > 1:  # the state sharded over every chip, or (a small model, where --search
-        # ranks the copies first: presets.Slice(parallel="data")) copied on each
-        assert (data, fsdp * tensor) in ((1, topo.chips), (topo.chips, 1)), (name, data, fsdp,
-                                                                             tensor)
+    if topo.chips > 1:  # the state sharded over every chip, or (where --search ranks the
+        # copies first: presets.Slice(parallel="data")) copied on each of the data axis
+        assert data * fsdp * tensor == topo.chips and 1 in (data, fsdp), (name, data, fsdp,
+                                                                          tensor)
     if tensor == 1:  # the same mesh on one CPU (or GPU) device: one device, nothing refused
         assert partitioning.mesh_shape(cfg.mesh, 1) == (1, 1, 1)
     else:  # a tensor-parallel slice's mesh (XXL): one device is refused in one line that
         # says how to reset it, and 8 devices (a GPU box) resolve around the tensor axis
         with pytest.raises(UserError, match="--set mesh.tensor=1"):
             partitioning.mesh_shape(cfg.mesh, 1)
-        assert partitioning.mesh_shape(cfg.mesh, 8) == (1, 8 // tensor, tensor)
+        assert partitioning.mesh_shape(cfg.mesh, 8) == ((1, 8 // tensor, tensor) if data == 1
+                                                        else (8 // tensor, 1, tensor))
 
 
 def test_the_models_listing_shows_each_slice():

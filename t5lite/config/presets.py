@@ -56,7 +56,7 @@ class Slice:
     batch (0: the recipe's), tensor-parallel width, and whether parameters and optimizer state
     are sharded over every chip (parallel="fsdp": mesh data=1, fsdp=-1) or copied on each
     (parallel="data": data=-1, fsdp=1; a small model whose gathers cost more than its
-    copies). Either way the same config trains on one CPU or GPU; one with tensor > 1 needs
+    copies, or a tensor-parallel one whose quarter of the state fits each chip). Either way the same config trains on one CPU or GPU; one with tensor > 1 needs
     a device count its width divides (else one line names `--set mesh.tensor=1`)."""
     topology: str
     remat: str = "none"
@@ -73,13 +73,16 @@ TINY = Slice("v5litepod-1")
 # Remat and mesh by expected step on the slice (bench/RESULTS.md, "Whole --search runs": the
 # figures, and what was not compiled): a whole `t5lite compile --search` picked bert_base's and
 # electra_small's; a search held at 4-way tensor parallelism (`--search --set mesh.tensor=4`:
-# every remat, collective-matmul and data / fsdp split at that width) T5 v1.1 XXL's; for T5
+# every remat, collective-matmul and data / fsdp split at that width) T5 v1.1 XXL's and T5
+# v1.0 11B's; for T5
 # small to large, BERT large and RoBERTa base the fastest of a few remat / mesh variants
 # compiled on the slice; the rest are not searched.
 SLICES = {
     "t5_1_0": {"tiny": TINY, "small": Slice("v5p-8", "full"), "base": Slice("v5p-8", "full"),
                "large": Slice("v5p-16"), "3b": Slice("v5p-32"),
-               "11b": Slice("v5p-128", "full")},
+               # 4-way tensor parallelism with the rest of the state copied 16 ways: fsdp
+               # over 64 chips left most of the step in exposed gathers (bench/RESULTS.md)
+               "11b": Slice("v5p-128", "minimal", tensor=4, parallel="data")},
     "t5_1_1": {"tiny": TINY, "small": Slice("v5p-8", "full"), "base": Slice("v5p-8"),
                "large": Slice("v5p-16"), "xl": Slice("v5p-64", batch=256),
                # 4-way tensor parallelism: fsdp over all 128 chips left most of the step
