@@ -149,9 +149,10 @@ def _figures(r: dict) -> str:
 def shortfall(r: dict, target: float = 0.6, name: str = "") -> str | None:
     """One table row: why a compiled preset's expected MFU is under ``target`` (issue 50
     item 1), from its own report; ``name``: the plan's row (a report compiled for one row can
-    serve another with the same setting, so the report's own row name may differ). The expected step is the instructions' time (the sum of
-    each instruction's roofline: its FLOPs at peak or its HBM bytes at bandwidth, whichever
-    is longer) plus the collectives the schedule leaves exposed; MFU scales as 1 / step."""
+    serve another with the same setting, so the report's own row name may differ). The
+    expected step is the instructions' time (the sum of each instruction's roofline: its
+    FLOPs at peak or its HBM bytes at bandwidth, whichever is longer) plus the collectives
+    the schedule leaves exposed; MFU scales as 1 / step."""
     if r.get("expected_step_seconds") is None or r["expected_mfu"] >= target:
         return None
     ms = lambda s: f"{s * 1e3:.1f}"  # noqa: E731
@@ -171,8 +172,8 @@ def shortfall(r: dict, target: float = 0.6, name: str = "") -> str | None:
         what = hbm
     else:  # both: the larger cut first (the instructions' is what even no exposure leaves)
         what = "; ".join([coll, hbm] if exposed > instr - need else [hbm, coll])
-    return (f"| {name or r.get('row', r['config'])} | {r['topology']} | {mfu:.1%} | {ms(step)} | "
-            f"{ms(need)} | {ms(flops)} | {ms(instr)} | {ms(exposed)} | {what} |")
+    return (f"| {name or r.get('row', r['config'])} | {r['topology']} | {mfu:.1%} | "
+            f"{ms(step)} | {ms(need)} | {ms(flops)} | {ms(instr)} | {ms(exposed)} | {what} |")
 
 
 def render(jsonl: str, out: str) -> None:

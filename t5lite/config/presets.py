@@ -56,8 +56,9 @@ class Slice:
     batch (0: the recipe's), tensor-parallel width, and whether parameters and optimizer state
     are sharded over every chip (parallel="fsdp": mesh data=1, fsdp=-1) or copied on each
     (parallel="data": data=-1, fsdp=1; a small model whose gathers cost more than its
-    copies, or a tensor-parallel one whose quarter of the state fits each chip). Either way the same config trains on one CPU or GPU; one with tensor > 1 needs
-    a device count its width divides (else one line names `--set mesh.tensor=1`)."""
+    copies, or a tensor-parallel one whose quarter of the state fits each chip). Either
+    way the same config trains on one CPU or GPU; one with tensor > 1 needs a device count
+    its width divides (else one line names `--set mesh.tensor=1`)."""
     topology: str
     remat: str = "none"
     batch: int = 0
