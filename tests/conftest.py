@@ -1,6 +1,6 @@
-"""Test setup: 8 simulated CPU devices (set before jax is imported), quiet TF, slow marker,
-and a sandbox: HOME and $T5LITE_DATA_DIR point at fresh empty folders for the whole session,
-and a test that touches the user's real data dirs fails (tests/cache_guard.py).
+"""Test setup: 8 simulated CPU devices and LLVM -O0 (set before jax is imported), quiet TF,
+slow marker, and a sandbox: HOME and $T5LITE_DATA_DIR point at fresh empty folders for the
+whole session, and a test that touches the user's real data dirs fails (tests/cache_guard.py).
 
 Run everything with `pytest tests`; tests marked slow run only with `--runslow`.
 """
@@ -8,15 +8,14 @@ Run everything with `pytest tests`; tests marked slow run only with `--runslow`.
 import os
 
 import cache_guard  # tests/ is on sys.path: pytest puts a rootdir conftest's folder there
+import suite_xla
 
 # Before anything reads HOME or $T5LITE_DATA_DIR (t5lite, TF, matplotlib): a suite that
 # passes only on a machine with prepared data, or that writes into it, is what this prevents.
 OWN_SANDBOX = cache_guard.sandbox()
 cache_guard.install()
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+suite_xla.apply()  # 8 simulated CPU devices, LLVM at -O0 (tests/suite_xla.py says why)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

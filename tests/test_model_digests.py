@@ -1,13 +1,22 @@
-"""Bit-for-bit digests of every model variant (issue 47: refactors of t5lite/models/ must not
-change a single bit): for each preset config (tiny sizes), each row of Narang et al.'s
-modifications table (tiny sizes) and a few hand-picked variants, the sha256 of the parameter
-tree (paths, shapes, dtypes, values from a fixed init key), of the outputs in eval mode and in
-train mode (dropout on, fixed dropout key), of the gradients of a fixed random projection of
-the outputs in both modes, and of a few cached decoding steps.
+"""Digests of every model variant (issue 47: refactors of t5lite/models/ must not change a
+single bit): for each preset config (tiny sizes), each row of Narang et al.'s modifications
+table (tiny sizes) and a few hand-picked variants, the parameter tree (paths, shapes, dtypes,
+values from a fixed init key), the outputs in eval mode and in train mode (dropout on, fixed
+dropout key), the gradients of a fixed random projection of the outputs in both modes, and a
+few cached decoding steps.
 
-The fixture (tests/model_digests.json) holds each case's ModelConfig (its non-default fields)
-and its digests, so what is checked does not drift with configs/ or the ablation tables.
-Regenerate it only for an intended change of the numbers:
+Each is pinned twice (tests/model_digests.json):
+- a fingerprint any CPU reproduces: structure and integer leaves exactly, float leaves by their
+  L1 norm, L2 norm and a fixed random projection within FLOAT_RTOL. XLA:CPU compiles for the
+  host's instruction set, so the same program rounds differently on another CPU family (the
+  fixture's first bit-exact digests, recorded on an AVX-512 host, failed on an AVX2 AMD EPYC one
+  at an unchanged commit); the fingerprints are what CI checks on any machine.
+- the sha256 of every value, bit for bit, with the host it was recorded on (HOST_KEY: machine,
+  jaxlib, CPU vendor / family / model and vector ISA). Checked only on that kind of host; another
+  host skips it and says so. For a refactor, record at the base commit on your machine, then
+  check after the change: bit-exactness on one host is the promise issue 47 asks for.
+
+Regenerate it only for an intended change of the numbers (or to pin a new host's bits):
     python tests/test_model_digests.py --record
 The fast test checks the core encoder-decoder, BERT and ELECTRA paths (their layers are
 every preset's); the whole table, every modifications row, MoE, Funnel, the flash kernel and
@@ -25,10 +34,14 @@ import hashlib
 import json
 import os
 import pathlib
+import platform
 import sys
+import warnings
 
-if __name__ == "__main__":  # as conftest does, before jax is imported
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+if __name__ == "__main__":  # as conftest does, before jax is imported: record as the suite runs
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    import suite_xla
+    suite_xla.apply()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
@@ -49,6 +62,10 @@ TRAIN_DROPOUT = 0.1
 # compiles of the fast suite (bench/RESULTS.md, "Test suite wall time": MoE 40 s, PEFT 32 s,
 # Funnel 24 s, flash 16 s on the 2-core box), so only the presets' core paths are fast.
 FAST = ("t5_1_1_tiny", "bert_tiny", "tiny_electra_rtd")
+# What another CPU's rounding moves a float fingerprint by, with a margin: the fast cases'
+# programs built for AVX2, for SSE4.2 and at LLVM -O2 / -O0 moved them by at most 2.2e-6
+# relative (bench/RESULTS.md, "Model digests across CPUs"); a changed layer moves them more.
+FLOAT_RTOL = 1e-4
 
 
 # ----------------------------------------------------------------------------- digests
@@ -61,6 +78,36 @@ def _sha(*parts) -> str:
     return h.hexdigest()[:32]
 
 
+def _cpu_fields() -> dict:
+    """Vendor, family, model and vector ISA of this CPU (Linux); {} where /proc/cpuinfo is not."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("vendor_id", "cpu family", "model", "flags", "Features", "CPU part"):
+            fields.setdefault(key, value.strip())
+    isa = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+           "avx512_fp16", "avx_vnni", "amx_bf16", "asimd", "sve", "sve2")
+    flags = set((fields.pop("flags", "") + " " + fields.pop("Features", "")).split())
+    fields["isa"] = " ".join(f for f in isa if f in flags)
+    return fields
+
+
+def host_key() -> str:
+    """What decides XLA:CPU's generated code, so its bits: machine, jaxlib, the CPU's kind and
+    the code-generation flags in XLA_FLAGS (the suite's LLVM -O0: tests/suite_xla.py)."""
+    import jaxlib
+    cpu = _cpu_fields()
+    codegen = sorted(f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if f.startswith(("--xla_backend", "--xla_cpu", "--xla_llvm")))
+    return " | ".join([platform.machine(), f"jaxlib {jaxlib.__version__}"]
+                      + [f"{k} {v}" for k, v in sorted(cpu.items())] + codegen)
+
+
 def tree_digest(tree) -> dict:
     """{"structure": hash of paths / shapes / dtypes, "values": hash of the bytes}."""
     leaves = jax.tree_util.tree_leaves_with_path(tree)
@@ -68,6 +115,45 @@ def tree_digest(tree) -> dict:
                  for p, v in leaves]
     values = [np.ascontiguousarray(np.asarray(v)).tobytes() for _, v in leaves]
     return {"structure": _sha(repr(structure)), "values": _sha(*values)}
+
+
+def tree_fingerprint(tree) -> dict:
+    """What any CPU reproduces of ``tree``: its structure, integer leaves and where float leaves
+    hold mask fills (<= -1e9, non-finite) exactly; the other float values as L1 norm, L2 norm and
+    a projection on fixed normal weights (float64 sums), so a fill cannot swamp the sums."""
+    leaves = [np.asarray(v) for v in jax.tree_util.tree_leaves(tree)]
+    exact = []
+    l1 = l2 = proj = 0.0
+    for i, v in enumerate(leaves):
+        if not np.issubdtype(v.dtype, np.floating):
+            exact.append(np.ascontiguousarray(v).tobytes())
+        else:
+            x = v.astype(np.float64).ravel()
+            fill = ~(np.isfinite(x) & (x > -1e9))
+            exact.append(np.packbits(fill).tobytes())
+            x = np.where(fill, 0.0, x)
+            l1 += float(np.abs(x).sum())
+            l2 += float(np.square(x).sum())
+            proj += float(x @ np.random.default_rng(i).standard_normal(x.size))
+    return {"structure": tree_digest(tree)["structure"], "exact": _sha(*exact),
+            "l1": l1, "l2": float(np.sqrt(l2)), "proj": proj}
+
+
+def fingerprint_diff(want, got, where: str = "") -> list[str]:
+    """Where two fingerprint records differ beyond another CPU's rounding (FLOAT_RTOL)."""
+    if isinstance(want, dict) and isinstance(got, dict) and "l1" in want and "l1" in got:
+        out = [f"{where}.{k}: {want[k]} != {got[k]}" for k in ("structure", "exact")
+               if want[k] != got[k]]
+        scale = max(abs(want["l2"]), abs(got["l2"]), 1e-30)
+        for k, ref in (("l1", abs(want["l1"])), ("l2", scale), ("proj", scale)):
+            if not abs(want[k] - got[k]) <= FLOAT_RTOL * max(ref, 1e-30):
+                out.append(f"{where}.{k}: {want[k]!r} != {got[k]!r} "
+                           f"(relative {abs(want[k] - got[k]) / max(ref, 1e-30):.1e})")
+        return out
+    if isinstance(want, dict) and isinstance(got, dict):
+        return [d for k in sorted(set(want) | set(got))
+                for d in fingerprint_diff(want.get(k), got.get(k), f"{where}.{k}".lstrip("."))]
+    return [] if want == got else [f"{where}: {want!r} != {got!r}"]
 
 
 # ----------------------------------------------------------------------------- model runs
@@ -127,7 +213,7 @@ def _loss(model, batch, deterministic, rng, params):
     return total, out
 
 
-def _decode_digest(model, params, batch, cfg) -> str:
+def _decode_logits(model, params, batch, cfg):
     """Logits of a 3-token prefill then 1 token with the KV cache (decoders only)."""
     from t5lite.models import init_cache
     tokens = batch.get("decoder_input_tokens")
@@ -148,7 +234,7 @@ def _decode_digest(model, params, batch, cfg) -> str:
             logits.append(out)
         return logits
 
-    return tree_digest(run(params, cache))["values"]
+    return run(params, cache)
 
 
 def _guarded(fn):
@@ -158,14 +244,29 @@ def _guarded(fn):
         return f"UserError: {str(err)[:60]}"
 
 
-def digests(cfg: ModelConfig) -> dict:
-    """Every digest of one config (see the module docstring)."""
+def _pinned(trees: dict) -> tuple[dict, dict]:
+    """({name: bit-exact sha}, {name: fingerprint}); a refused run pins its one-line error."""
+    exact, fingerprint = {}, {}
+    for name, tree in trees.items():
+        if isinstance(tree, str):
+            exact[name] = fingerprint[name] = tree
+        elif name.endswith("_outputs"):
+            exact[name] = {k: tree_digest(v)["values"] for k, v in tree.items()}
+            fingerprint[name] = {k: tree_fingerprint(v) for k, v in tree.items()}
+        else:
+            exact[name] = tree_digest(tree) if name == "params" else tree_digest(tree)["values"]
+            fingerprint[name] = tree_fingerprint(tree)
+    return exact, fingerprint
+
+
+def digests(cfg: ModelConfig) -> tuple[dict, dict]:
+    """(bit-exact digests, fingerprints) of one config (see the module docstring)."""
     model = _model(cfg)
     batch = random_batch(cfg)
     variables = jax.jit(functools.partial(model.init, deterministic=True))(
         {"params": jax.random.key(0), "dropout": jax.random.key(1)}, batch)
     params = nn.meta.unbox(variables["params"])
-    out = {"params": tree_digest(params)}
+    trees = {"params": params}
     drop = cfg.dropout_rate if cfg.attention_kernel == "flash" else TRAIN_DROPOUT
     train_model = _model(dataclasses.replace(cfg, dropout_rate=drop))
     for mode, m, det in (("eval", model, True), ("train", train_model, False)):
@@ -174,15 +275,15 @@ def digests(cfg: ModelConfig) -> dict:
 
         def run():
             (_, outputs), grads = step(params)
-            return ({k: tree_digest(v)["values"] for k, v in outputs.items()},
-                    tree_digest(grads)["values"])
+            return jax.device_get(outputs), jax.device_get(grads)
 
         result = _guarded(run)
-        out[f"{mode}_outputs"], out[f"{mode}_grads"] = (
+        trees[f"{mode}_outputs"], trees[f"{mode}_grads"] = (
             result if isinstance(result, tuple) else (result, result))
     if cfg.architecture != "encoder_only":
-        out["decode"] = _guarded(lambda: _decode_digest(model, params, batch, cfg))
-    return out
+        trees["decode"] = _guarded(lambda: jax.device_get(
+            _decode_logits(model, params, batch, cfg)))
+    return _pinned(trees)
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -298,11 +399,13 @@ def record(part: int = 0, parts: int = 1) -> None:
     cases = all_cases()
     out = {}
     target = FIXTURE if parts == 1 else FIXTURE.with_suffix(f".json.{part}")
+    host = host_key()
     for name in names:
         m = cases[name]
         fields = _model_dict(m)
         assert model_config(fields) == m, name  # the fixture rebuilds the same config
-        out[name] = {"model": fields, "digests": digests(m)}
+        exact, fingerprint = digests(m)
+        out[name] = {"model": fields, "digests": exact, "host": host, "fingerprint": fingerprint}
         target.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
         print(name, flush=True)
 
@@ -323,21 +426,50 @@ def _load() -> dict:
 
 def _check(name: str) -> None:
     case = _load()[name]
-    got = digests(model_config(case["model"]))
+    exact, fingerprint = digests(model_config(case["model"]))
+    diff = fingerprint_diff(case["fingerprint"], fingerprint)
+    assert not diff, f"{name}: fingerprints changed beyond rounding: {diff}"
+    if case["host"] != host_key():  # said where CI shows it, not a skip: the test did check
+        warnings.warn(f"{name}: fingerprints match; bit-exact digests not checked: recorded on "
+                      f"another kind of host ({case['host']}; this is {host_key()}). For a "
+                      "refactor: `python tests/test_model_digests.py --record` at its base, "
+                      "then rerun after the change")
+        return
     want = case["digests"]
-    diff = {k: (want.get(k), got.get(k)) for k in set(want) | set(got) if want.get(k) != got.get(k)}
+    diff = {k: (want.get(k), exact.get(k)) for k in set(want) | set(exact)
+            if want.get(k) != exact.get(k)}
     assert not diff, f"{name}: digests changed: {diff}"
 
 
+def test_fingerprints_tell_rounding_from_a_change():
+    rng = np.random.default_rng(0)
+    tree = {"w": rng.standard_normal((4, 8)).astype(np.float32), "ids": np.arange(5),
+            "logits": np.array([0.5, -1e10, 2.0], np.float32)}
+    want = tree_fingerprint(tree)
+
+    def moved(**changes):
+        return fingerprint_diff(want, tree_fingerprint({**tree, **changes}))
+
+    w = tree["w"]
+    assert moved() == []
+    assert moved(w=w * np.float32(1 + 1e-6)) == []  # another CPU's rounding
+    assert moved(w=w * np.float32(1 + 1e-3))  # a changed scale
+    assert moved(w=-w)  # a flipped sign keeps both norms: the projection sees it
+    assert moved(w=w.T.copy().reshape(4, 8))  # the same values elsewhere
+    assert moved(ids=np.arange(1, 6))
+    assert moved(logits=np.array([0.5, 3.0, 2.0], np.float32))  # a mask moved
+    assert moved(w=w.astype(np.float64))  # dtype: the structure
+
+
 @pytest.mark.parametrize("name", FAST)
-def test_representative_models_are_bit_identical(name):
+def test_representative_models_are_unchanged(name):
     _check(name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(json.loads(FIXTURE.read_text())) - set(FAST))
                          if FIXTURE.exists() else [])
-def test_every_model_is_bit_identical(name):
+def test_every_model_is_unchanged(name):
     _check(name)
 
 
