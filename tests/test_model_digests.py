@@ -9,12 +9,15 @@ Each is pinned twice (tests/model_digests.json):
 - a fingerprint any CPU reproduces: structure and integer leaves exactly, float leaves by their
   L1 norm, L2 norm and a fixed random projection within FLOAT_RTOL. XLA:CPU compiles for the
   host's instruction set, so the same program rounds differently on another CPU family (the
-  fixture's first bit-exact digests, recorded on an AVX-512 host, failed on an AVX2 AMD EPYC one
-  at an unchanged commit); the fingerprints are what CI checks on any machine.
-- the sha256 of every value, bit for bit, with the host it was recorded on (HOST_KEY: machine,
-  jaxlib, CPU vendor / family / model and vector ISA). Checked only on that kind of host; another
-  host skips it and says so. For a refactor, record at the base commit on your machine, then
-  check after the change: bit-exactness on one host is the promise issue 47 asks for.
+  fixture's first bit-exact digests failed on an AMD EPYC (AVX2) host at an unchanged
+  commit); the fingerprints are what CI checks on any machine. Mask fills (<= -1e9) are pinned
+  by position, so they cannot swamp the sums.
+- the sha256 of every value, bit for bit, with the host it was recorded on (host_key():
+  machine, jaxlib, CPU vendor / family / model, vector ISA and the code-generation flags in
+  XLA_FLAGS: the suite's LLVM -O0, tests/suite_xla.py). Checked only on that kind of host; on
+  another the test checks the fingerprints and warns that the bits went unchecked. For a
+  refactor, record at the base commit on your machine, then check after the change:
+  bit-exactness on one host is the promise issue 47 asks for.
 
 Regenerate it only for an intended change of the numbers (or to pin a new host's bits):
     python tests/test_model_digests.py --record
