@@ -53,7 +53,7 @@ def test_a_suite_that_touches_the_users_data_fails(tmp_path):
     real.mkdir(parents=True)
     (real / "MANIFEST.json").write_text("{}")
     suite.mkdir()
-    for name in ("conftest.py", "cache_guard.py"):
+    for name in ("conftest.py", "cache_guard.py", "suite_xla.py"):
         shutil.copy(os.path.join(HERE, name), suite / name)
     (suite / "test_bad.py").write_text(BAD_TESTS)
     env = {k: v for k, v in os.environ.items()
