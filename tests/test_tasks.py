@@ -140,6 +140,30 @@ def test_finetuning_shuffles_a_label_sorted_split_whole(data_dir, tmp_path, monk
         assert ((blocks > 0.35) & (blocks < 0.65)).all(), (name, blocks.round(2))
 
 
+def test_finetuning_shuffle_buffer_is_the_splits_size_at_most(data_dir, monkeypatch):
+    # seqio repeats a training split before it shuffles: a buffer over the split's size held
+    # copies of it (the 300-line sentiment split, 218 of them before the first batch)
+    import tensorflow as tf
+    from t5lite.tasks import pipeline
+    sizes = []
+    shuffle = tf.data.Dataset.shuffle
+
+    def recorded(ds, buffer_size, *args, **kwargs):
+        sizes.append(int(buffer_size))
+        return shuffle(ds, buffer_size, *args, **kwargs)
+
+    monkeypatch.setattr(tf.data.Dataset, "shuffle", recorded)
+    lines = {name: sum(1 for _ in open(os.path.join(data_dir, "finetune", name, "train.tsv")))
+             for name in ("sentiment", "topic_debian")}
+    _batches("sentiment", "encoder_decoder", {"inputs": 64, "targets": 8}, n=1)
+    assert sizes[-1] == lines["sentiment"]  # (the first: seqio shuffling the one file)
+    sizes.clear()
+    task = pipeline.get_mixture_or_task("topic_debian")
+    monkeypatch.setattr(task, "_shuffle_buffer_size", lines["topic_debian"] // 4)
+    _batches("topic_debian", "encoder_decoder", {"inputs": 64, "targets": 8}, n=1)
+    assert sizes[-1] == lines["topic_debian"] // 4  # a split over the task's buffer: the buffer
+
+
 def test_eval_epoch_is_finite(data_dir):
     batches = _batches("sentiment", "encoder_decoder", {"inputs": 64, "targets": 8}, n=100,
                        split="validation", num_epochs=1, shuffle=False, pack=False,

@@ -69,8 +69,7 @@ def register_decoder_classification_task(name: str, dataset: str, label_names: S
                                          vocabulary="gpt2") -> seqio.Task:
     """TSV ``input\\tlabel`` -> text tokens + eos, class_labels (decoder-only heads)."""
     vocab = registry._vocabulary(vocabulary)  # pylint: disable=protected-access
-    seqio.TaskRegistry.remove(name)
-    return seqio.TaskRegistry.add(
+    return registry.add_finetune_task(
         name, source=registry.finetune_source(dataset),
         preprocessors=[registry.parse_tsv,
                        functools.partial(registry.text_label_to_class_id,
@@ -80,8 +79,7 @@ def register_decoder_classification_task(name: str, dataset: str, label_names: S
         output_features={"targets": seqio.Feature(vocab, add_eos=True),
                          "class_labels": seqio.Feature(seqio.PassThroughVocabulary(size=0),
                                                        add_eos=False, dtype=tf.int32, rank=0)},
-        metric_fns=[metrics.accuracy],
-        shuffle_buffer_size=registry.FINETUNE_SHUFFLE_BUFFER)
+        metric_fns=[metrics.accuracy])
 
 
 # ----------------------------------------------------------------------------- tagging
