@@ -6,6 +6,9 @@ variant only."""
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -152,3 +155,42 @@ def test_a_mesh_axis_given_with_set_is_held_by_the_search(capsys):
                                         "mesh.tensor=16"):
         search.search(cfg, topology.parse_topology("v5litepod-8"), log=lambda s: None,
                       compile_fn=_fake_compile, fixed={"tensor": 16})
+
+
+def _sleeps(cfg, topo, hbm_bytes=0):
+    time.sleep(120)
+
+
+PARENT = """import os, pickle, signal, sys
+sys.path.insert(0, {tests!r})
+from t5lite.tpu import isolated
+proc = isolated.CompilerProcess(target="test_tpu_search:_sleeps")
+proc._start()
+pickle.dump((None, None, 0), proc._proc.stdin)
+proc._proc.stdin.flush()
+print(proc._proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_compiler_process_dies_with_the_process_that_started_it():
+    """A search stopped with SIGKILL (or SIGTERM) takes its compiler with it, mid-compile."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(tests=tests)],
+                              stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())  # (the child holds the pipe open while it lives)
+    assert parent.wait(timeout=60) == -signal.SIGKILL
+    parent.stdout.close()
+    deadline = time.time() + 30
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _alive(child), f"compiler process {child} outlived its parent"

@@ -90,7 +90,8 @@ class CompilerProcess:
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         env = dict(os.environ, PYTHONPATH=path)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "t5lite.tpu.isolated", self.target, str(write_fd)],
+            [sys.executable, "-m", "t5lite.tpu.isolated", self.target, str(write_fd),
+             str(os.getpid())],
             stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env)
         os.close(write_fd)
         self._replies = os.fdopen(read_fd, "rb")
@@ -137,5 +138,19 @@ def shared() -> CompilerProcess:
     return _SHARED["proc"]
 
 
-if __name__ == "__main__":  # the child: python -m t5lite.tpu.isolated TARGET REPLY_FD
+def _die_with(parent_pid: int) -> None:
+    """Child, on Linux: the kernel kills this process when its parent dies. A search stopped
+    with SIGTERM or SIGKILL otherwise left the child compiling its variant (minutes and GBs
+    of host memory for a large preset) for nobody; EOF on stdin is only seen between jobs.
+    (The signal follows the parent's thread that started the child: a child started from a
+    thread that ends goes with it, and the next compile() starts another.)"""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+if __name__ == "__main__":  # the child: python -m t5lite.tpu.isolated TARGET REPLY_FD PARENT
+    _die_with(int(sys.argv[3]))
     _serve(sys.stdin.buffer, os.fdopen(int(sys.argv[2]), "wb"), sys.argv[1])
