@@ -153,8 +153,10 @@ def test_finetuning_shuffle_buffer_is_the_splits_size_at_most(data_dir, monkeypa
         return shuffle(ds, buffer_size, *args, **kwargs)
 
     monkeypatch.setattr(tf.data.Dataset, "shuffle", recorded)
-    lines = {name: sum(1 for _ in open(os.path.join(data_dir, "finetune", name, "train.tsv")))
-             for name in ("sentiment", "topic_debian")}
+    lines = {}
+    for name in ("sentiment", "topic_debian"):
+        with open(os.path.join(data_dir, "finetune", name, "train.tsv")) as f:
+            lines[name] = sum(1 for _ in f)
     _batches("sentiment", "encoder_decoder", {"inputs": 64, "targets": 8}, n=1)
     assert sizes[-1] == lines["sentiment"]  # (the first: seqio shuffling the one file)
     sizes.clear()

@@ -312,6 +312,7 @@ def add_finetune_task(name: str, **task_kwargs) -> seqio.Task:
     return TaskRegistry.add(name, task_cls=SplitShuffleTask,
                             shuffle_buffer_size=FINETUNE_SHUFFLE_BUFFER, **task_kwargs)
 
+
 # name -> (text-to-text prefix, metric_fns, label names or None)
 FINETUNE = {name: (prefix, [getattr(metrics, m) for m in metric_names], labels)
             for name, (prefix, metric_names, labels) in task_catalog.FINETUNE.items()}
