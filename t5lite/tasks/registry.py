@@ -292,8 +292,8 @@ FINETUNE_SHUFFLE_BUFFER = 2 ** 16
 class SplitShuffleTask(seqio.Task):
     """A task whose shuffle buffer is at most its split's example count. seqio repeats a
     training split before shuffling it, so a buffer larger than the split only fills with
-    copies: a 300-example split under a 65,536 buffer was preprocessed 218 times (~10 s on
-    2 cores) before the first batch, and each window held every example many times."""
+    copies of it: each one preprocessed before the first batch, and every window holding
+    each example many times (bench/RESULTS.md, "Where the suite's time goes")."""
 
     def get_dataset(self, sequence_length=None, split="train", use_cached=False, shuffle=True,
                     shuffle_buffer_size=None, **kwargs):
