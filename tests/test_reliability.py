@@ -218,7 +218,10 @@ def test_config_file_with_an_error_names_file_and_line(wd, tmp_path, capsys):
     assert snapshot(wd) == before
 
 
-def test_workdir_that_is_a_file(tmp_path, capsys):
+def test_workdir_that_is_a_file(tmp_path, capsys, monkeypatch):
+    """Refused on the argument itself, first: with nothing prepared (an empty data dir), the
+    line is still about the workdir, not the data the run would have read."""
+    monkeypatch.setenv("T5LITE_DATA_DIR", str(tmp_path / "empty_data"))
     f = tmp_path / "notadir"
     f.write_text("precious")
     code, lines, out = run_cli(capsys, train_args(f))

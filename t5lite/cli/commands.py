@@ -40,6 +40,8 @@ def train_command(config: str, overrides: Sequence[str], workdir: str = "",
     if not workdir:
         raise UserError("`t5lite train` needs --workdir DIR (or --print-config to only show "
                         "the resolved config).")
+    from t5lite.store import workdir as workdir_lib
+    workdir_lib.refuse_a_file(workdir)
     cfg = config_lib.load_config(config, overrides)
     before_training()
     from t5lite.train import trainer

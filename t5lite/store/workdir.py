@@ -298,14 +298,20 @@ def _pid_alive(pid) -> bool:
     return True
 
 
+def refuse_a_file(workdir: str) -> None:
+    """A local --workdir that is an existing file: one line, before anything is read or made
+    (so the user hears of their argument first, not of data or imports it never reached)."""
+    if "://" not in workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise UserError(f"--workdir {workdir} is a file, not a directory; give a directory "
+                        "(it is created if missing)")
+
+
 def check_writable_dir(workdir: str) -> None:
     """The workdir exists (or is created) as a writable directory; else one line saying why."""
     if "://" in workdir:
         epath.Path(workdir).mkdir(parents=True, exist_ok=True)
         return
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise UserError(f"--workdir {workdir} is a file, not a directory; give a directory "
-                        "(it is created if missing)")
+    refuse_a_file(workdir)
     try:
         os.makedirs(workdir, exist_ok=True)
     except OSError as e:
