@@ -4,7 +4,6 @@ stood in for here (tests/test_compile.py compiles a real search): what is tried,
 and that a compiler process that dies on one variant (as libtpu's does on some meshes) costs that
 variant only."""
 
-import functools
 import os
 import signal
 import subprocess
@@ -195,73 +194,3 @@ def test_the_compiler_process_dies_with_the_process_that_started_it():
     while _alive(child) and time.time() < deadline:
         time.sleep(0.2)
     assert not _alive(child), f"compiler process {child} outlived its parent"
-
-
-def _timed(cfg, topo, hbm_bytes=0):
-    """The fake compile in a compiler process, taking a while and saying which process ran it
-    and when; the (1, 1, 4) mesh fails (as an unexpected error in the child does) when
-    $T5LITE_TEST_FAIL_MESH is set, and a (4, 1, 1) variant then sleeps long."""
-    m, start = cfg.mesh, time.time()
-    if os.environ.get("T5LITE_TEST_FAIL_MESH"):
-        if (m.data, m.fsdp, m.tensor) == (1, 1, 4):
-            time.sleep(1.0)
-            raise RuntimeError("boom")
-        if (m.data, m.fsdp, m.tensor) == (4, 1, 1):
-            with open(os.environ["T5LITE_TEST_FAIL_MESH"], "w") as f:
-                f.write(str(os.getpid()))
-            time.sleep(120)
-    time.sleep(0.3)
-    return dict(_fake_compile(cfg, topo, hbm_bytes), pid=os.getpid(), start=start,
-                end=time.time())
-
-
-def _sets(res):
-    return ([r["set"] for r in res["tried"]], [r["set"] for r in res["candidates"]],
-            res["best"]["set"])
-
-
-def test_jobs_search_meshes_side_by_side_and_find_what_one_job_finds(monkeypatch):
-    """--search --jobs 2: two compiler processes compile at once; what is tried, ranked and
-    chosen is one job's search, in the same order; both processes are gone after."""
-    monkeypatch.setattr(isolated, "CompilerProcess", functools.partial(
-        isolated.CompilerProcess, target=f"{__name__}:_timed"))
-    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
-    topo = topology.parse_topology("v5litepod-4")
-    one = search.search(cfg, topo, log=lambda s: None, max_accum=2, compile_fn=_fake_compile)
-    logged = []
-    two = search.search(cfg, topo, log=logged.append, max_accum=2, jobs=2)
-    assert _sets(two) == _sets(one)
-    assert sum("GiB per chip" in line for line in logged) == len(two["tried"]), logged
-    runs = {}
-    for r in two["tried"]:
-        runs.setdefault(r["pid"], []).append((r["start"], r["end"]))
-    assert len(runs) == 2 and os.getpid() not in runs, runs.keys()
-    (a, b) = runs.values()
-    assert any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b), "never at once"
-    assert not any(_alive(pid) for pid in runs)
-
-
-def test_a_job_that_fails_stops_the_others_and_its_error_is_raised(monkeypatch, tmp_path):
-    """One mesh's compile fails: the search raises that error within seconds, killing the
-    compiler another mesh is busy in (not waiting out its compile)."""
-    pid_file = tmp_path / "busy_pid"
-    monkeypatch.setenv("T5LITE_TEST_FAIL_MESH", str(pid_file))
-    monkeypatch.setattr(isolated, "CompilerProcess", functools.partial(
-        isolated.CompilerProcess, target=f"{__name__}:_timed"))
-    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
-    meshes = search._factorisations(4)
-    assert meshes.index((4, 1, 1)) < meshes.index((1, 1, 4))  # the busy one starts first
-    start = time.time()
-    with pytest.raises(RuntimeError, match="boom"):
-        search.search(cfg, topology.parse_topology("v5litepod-4"), log=lambda s: None,
-                      max_accum=1, jobs=2)
-    assert time.time() - start < 60
-    busy = int(pid_file.read_text())
-    assert not _alive(busy), f"compiler {busy} still compiling for a failed search"
-
-
-def test_jobs_without_search_is_refused_in_one_line(capsys):
-    assert cli.main(["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-4",
-                     "--jobs", "2"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--search" in err[0], err

@@ -131,13 +131,9 @@ def _fixed_mesh_axes(overrides) -> dict:
 
 
 def compile_command(config_name: str, topology: str, overrides=(), as_json=False,
-                    do_search=False, hbm_gib: float = 0.0, decode=False, out=print,
-                    jobs: int = 0) -> dict:
+                    do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
     """`t5lite compile`: one report (or a search) for a config on a TPU topology, as JSON
-    (one object on stdout) or text. ``jobs``: --search's meshes compiled at once (0: one)."""
-    if jobs and not do_search:
-        raise UserError(f"--jobs {jobs} runs a --search's compiles side by side: add --search "
-                        "(one compile has nothing to run beside it)")
+    (one object on stdout) or text."""
     from t5lite.mesh import topology as tpu_topology
     from t5lite.tpu import compile as tpu_compile, isolated, report, search
     from t5lite import config as config_lib
@@ -156,7 +152,7 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
         return r
     if do_search:
         res = search.search(cfg, topo, hbm, log=(lambda s: print(s, file=sys.stderr)) if as_json
-                            else out, fixed=_fixed_mesh_axes(overrides), jobs=jobs or 1)
+                            else out, fixed=_fixed_mesh_axes(overrides))
         if as_json:
             out(json.dumps({k: v for k, v in res.items() if k != "tried"}, default=str))
         elif res["best"]:

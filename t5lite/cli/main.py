@@ -71,8 +71,7 @@ def cmd_train(args):
 def cmd_compile(args):
     from t5lite.cli import commands
     commands.compile_command(args.config, args.topology, args.set or [], as_json=args.json,
-                             do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode,
-                             jobs=args.jobs)
+                             do_search=args.search, hbm_gib=args.hbm_gib, decode=args.decode)
 
 
 def cmd_quickstart(args):
@@ -261,10 +260,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="try (data, fsdp, tensor) meshes, remat policies, collective "
                          "matmuls on / off and micro-batch counts; rank those that fit by "
                          "expected step time (a mesh axis given a size with --set is held)")
-    sp.add_argument("--jobs", type=int, default=0,
-                    help="with --search: search this many meshes at once, each in a compiler "
-                    "process of its own (host memory: one compile each, GBs for XL and "
-                    "up); default 1")
     sp.add_argument("--hbm-gib", type=float, default=0.0,
                     help="HBM per chip to fit into (default 0: the chip's; lower it for "
                     "headroom)")

@@ -114,13 +114,6 @@ class CompilerProcess:
             raise RuntimeError(f"compiling in the compiler's process failed:\n{value}")
         return value
 
-    def kill(self) -> None:
-        """End the child now, from any thread: a compile in flight raises CompilerCrashed in
-        the thread waiting on it (close() still cleans up after)."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-
     def close(self) -> None:
         if self._proc is not None:
             try:

@@ -67,7 +67,7 @@ def _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib, mesh
 
 
 def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 8,
-           compile_fn=None, fixed: dict | None = None, jobs: int = 1) -> dict:
+           compile_fn=None, fixed: dict | None = None) -> dict:
     """Try meshes x remat policies x collective matmuls x micro-batch counts: per mesh every
     remat policy (none, minimal, full), each with collective matmuls off and on (where the
     mesh shards weights), at the fewest micro-batches any of them fits with (more micro-
@@ -81,11 +81,12 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
     ``compile_fn(cfg, topo, hbm_bytes=)``: default, compile.compile_step in this process's
     compiler process (isolated.shared()). ``fixed`` {mesh axis: size}: only meshes with
     those sizes (`--search --set mesh.tensor=4`: the rest of the space at 4-way tensor
-    parallelism, a third of the compiles of a whole search). ``jobs`` > 1: that many meshes
-    searched at once, each in a compiler process of its own (each holds one variant's compile
-    in host memory); the result is the same as one job's, in the same order.
+    parallelism, a third of the compiles of a whole search).
     -> {"candidates": [report...] fitting, fastest first, "tried": [...], "best": report|None,
     "crashed": [{"set", "crashed"}...] variants whose compile crashed, "why_none": str}."""
+    from t5lite import config as config_lib
+    compile_fn = compile_fn or isolated.shared().compile
+    fitting, tried = [], []
     meshes = [m for m in _factorisations(topo.chips)
               if all(dict(zip(("data", "fsdp", "tensor"), m))[a] == n
                      for a, n in (fixed or {}).items())]
@@ -93,110 +94,31 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
         raise UserError(f"no mesh of {topo.chips} chips that --search tries has "
                         + ", ".join(f"mesh.{a}={n}" for a, n in fixed.items())
                         + f"; it tries {_factorisations(topo.chips)} as (data, fsdp, tensor)")
-    if jobs < 1:
-        raise UserError(f"--jobs {jobs}: give 1 or more compiles at once")
-
-    def one_mesh(mesh, fn, say):
-        return _search_mesh(cfg, topo, mesh, fn, hbm_bytes, say, max_accum)
-
-    per_mesh = (_over_meshes(meshes, jobs, compile_fn, log, one_mesh) if jobs > 1 else
-                [one_mesh(m, compile_fn or isolated.shared().compile, log) for m in meshes])
-    fitting = [r for found, _ in per_mesh for r in found]
-    tried = [r for _, mesh_tried in per_mesh for r in mesh_tried]
+    for data, fsdp, tensor in meshes:
+        variants = _variants(data, fsdp, tensor)
+        first = [v for v in variants if v[0] == "full"]
+        rest = [v for v in variants if v[0] != "full"]
+        for accum in (a for a in (1, 2, 4, 8, 16) if a <= max_accum):
+            mesh_sets = [f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}",
+                         f"train.grad_accum_steps={accum}"]
+            n_tried = len(tried)
+            found = _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
+                                  mesh_sets, first)
+            if found is None:  # does not divide the batch / parameters: next mesh
+                break
+            if not found and any("fits" in r for r in tried[n_tried:]):
+                log(f"  remat full does not fit with {accum} micro-batches: the other "
+                    "policies save more, not compiled")
+                continue
+            found += _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
+                                   mesh_sets, rest) or []
+            fitting += found
+            if found:
+                break
     fitting.sort(key=lambda r: r["expected_step_seconds"])
     crashed = [r for r in tried if "crashed" in r]
     return {"candidates": fitting, "tried": tried, "best": fitting[0] if fitting else None,
             "crashed": crashed, "why_none": "" if fitting else _why_none(topo, tried, crashed)}
-
-
-def _search_mesh(cfg, topo, mesh, compile_fn, hbm_bytes, log, max_accum) -> tuple:
-    """One (data, fsdp, tensor) mesh of search() -> (the reports that fit, every variant
-    tried), at the fewest micro-batches any variant fits with."""
-    from t5lite import config as config_lib
-    data, fsdp, tensor = mesh
-    variants = _variants(data, fsdp, tensor)
-    first = [v for v in variants if v[0] == "full"]
-    rest = [v for v in variants if v[0] != "full"]
-    tried = []
-    for accum in (a for a in (1, 2, 4, 8, 16) if a <= max_accum):
-        mesh_sets = [f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}",
-                     f"train.grad_accum_steps={accum}"]
-        n_tried = len(tried)
-        found = _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
-                              mesh_sets, first)
-        if found is None:  # does not divide the batch / parameters: next mesh
-            break
-        if not found and any("fits" in r for r in tried[n_tried:]):
-            log(f"  remat full does not fit with {accum} micro-batches: the other "
-                "policies save more, not compiled")
-            continue
-        found += _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
-                               mesh_sets, rest) or []
-        if found:
-            return found, tried
-    return [], tried
-
-
-class _Stopped(Exception):
-    """Another mesh's search failed: this one compiles nothing more."""
-
-
-def _over_meshes(meshes, jobs, compile_fn, log, one_mesh) -> list:
-    """one_mesh(mesh, compile_fn, log) for every mesh, ``jobs`` at a time, each job with a
-    compiler process of its own (or ``compile_fn``) -> the results in ``meshes``' order. An
-    error in one mesh (or Ctrl-C) is raised once the others have stopped: their compilers are
-    killed, and they compile nothing more. Every compiler process started here is closed."""
-    import queue
-    import threading
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-    n = min(jobs, len(meshes))
-    lock, stop, free = threading.Lock(), threading.Event(), queue.Queue()
-    own = [] if compile_fn else [isolated.CompilerProcess() for _ in range(n)]
-    for i in range(n):
-        free.put(compile_fn or own[i].compile)
-
-    def say(line):
-        with lock:
-            log(line)
-
-    def run(mesh):
-        fn = free.get()
-
-        def guarded(*args, **kwargs):
-            if stop.is_set():
-                raise _Stopped()
-            try:
-                return fn(*args, **kwargs)
-            except isolated.CompilerCrashed:
-                if stop.is_set():  # killed because another mesh failed: not a crash
-                    raise _Stopped() from None
-                raise
-        try:
-            return one_mesh(mesh, guarded, say)
-        except BaseException:
-            stop.set()
-            raise
-        finally:
-            free.put(fn)
-
-    pool = ThreadPoolExecutor(max_workers=n)
-    futures = [pool.submit(run, m) for m in meshes]
-    failed = True
-    try:
-        wait(futures, return_when=FIRST_EXCEPTION)
-        errors = [f.exception() for f in futures if f.done() and f.exception() is not None]
-        if errors:
-            raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
-        failed = False
-        return [f.result() for f in futures]
-    finally:
-        stop.set()
-        if failed:  # a compile in flight would run on for minutes: end it now
-            for proc in own:
-                proc.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
-        for proc in own:
-            proc.close()
 
 
 def _why_none(topo: Topology, tried: list, crashed: list) -> str:
