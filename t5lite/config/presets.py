@@ -73,11 +73,12 @@ TINY = Slice("v5litepod-1")
 # c4_pretrain.gin); XL and XXL ship it, the smaller sizes the paper's 128.
 # Remat and mesh by expected step on the slice (bench/RESULTS.md, "Whole --search runs": the
 # figures, and what was not compiled): a whole `t5lite compile --search` picked bert_base's and
-# electra_small's and confirmed T5 v1.1 small's and base's; a search held at 4-way tensor parallelism
-# (`--search --set mesh.tensor=4`: every remat, collective-matmul and data / fsdp split at that
-# width) T5 v1.1 XXL's and T5 v1.0 11B's, one held at tensor 1 confirmed XL's; for the other T5
-# sizes to large, BERT large and RoBERTa base the fastest of a few remat / mesh variants
-# compiled on the slice; the rest are not searched.
+# electra_small's and confirmed T5 v1.1 small's and base's; a search held at 4-way tensor
+# parallelism (`--search --set mesh.tensor=4`: every remat, collective-matmul and data / fsdp
+# split at that width) T5 v1.1 XXL's and T5 v1.0 11B's, one held at tensor 1 confirmed XL's
+# (on T5 v1.0 small it ranks data 4 + full 3% faster than the fsdp 4 below: not yet
+# shipped); for the other T5 sizes to large, BERT large and RoBERTa base the fastest of a
+# few remat / mesh variants compiled on the slice; the rest are not searched.
 SLICES = {
     "t5_1_0": {"tiny": TINY, "small": Slice("v5p-8", "full"), "base": Slice("v5p-8", "full"),
                "large": Slice("v5p-16"), "3b": Slice("v5p-32"),
