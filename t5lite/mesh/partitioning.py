@@ -140,21 +140,14 @@ _ALL_GATHER_MATMULS = "xla_tpu_enable_windowed_einsum_for_all_gather"
 _REDUCE_SCATTER_MATMULS = "xla_tpu_enable_windowed_einsum_for_reduce_scatter"
 
 
-def libtpu_stack_overflow_risk(model_cfg) -> bool:
-    """Whether libtpu 0.0.42.1 may overflow a compiler thread's stack (SIGSEGV after buffer
-    assignment) compiling this model's step with the all-gather collective matmuls off: seen
-    on scanned, rematerialised encoder-decoder steps with dropout, never on decoder-only
-    ones, so only encoder-decoder steps with dropout under remat keep them."""
-    return (model_cfg.dropout_rate > 0 and model_cfg.remat != "none"
-            and model_cfg.architecture == "encoder_decoder")
-
-
 def compiler_options(cfg, mesh) -> dict:
     """XLA options for programs jitted over ``mesh`` from ``cfg``: on TPU, the chip
     generation's asynchronous-collective options (xla_flags.ASYNC_COLLECTIVES, the table the
     TPU launcher's LIBTPU_INIT_ARGS also come from) and collective matmuls only when
     mesh.collective_matmul asks for them; nothing elsewhere, nor without a mesh (None: one
-    default device, as evaluation runs from a checkpoint)."""
+    default device, as evaluation runs from a checkpoint). No model keeps them on: the pinned
+    libtpu compiles T5 v1.0 with dropout under remat with both off, and crashed compiling
+    T5 v1.0 large with the all-gather ones on (bench/RESULTS.md)."""
     device = None if mesh is None else mesh.devices.flat[0]
     if device is None or device.platform != "tpu":
         return {}
@@ -162,8 +155,6 @@ def compiler_options(cfg, mesh) -> dict:
     options = xla_flags.async_collective_options(chip.name if chip else "")
     if not cfg.mesh.collective_matmul:
         options.update({_ALL_GATHER_MATMULS: False, _REDUCE_SCATTER_MATMULS: False})
-        if libtpu_stack_overflow_risk(cfg.model):
-            del options[_ALL_GATHER_MATMULS]  # XLA's default: on
     return options
 
 
