@@ -37,7 +37,8 @@ ROWS.update({
     # full remat: a fraction of the activation memory, a fifth more FLOPs
     "t5_1_1_xl@remat_full": ("", ["model.remat=full"]),
     "t5_1_1_xxl@remat_full": ("", ["model.remat=full"]),
-    "t5_1_0_3b@remat_full": ("", ["model.remat=full"]),
+    # no remat: what 3B shipped before its full-remat step compiled with collective matmuls off
+    "t5_1_0_3b@remat_none": ("", ["model.remat=none"]),
     # what the XL preset shipped before it stated a slice: data-parallel (parameters and
     # optimizer state copied on every chip), full remat, batch 128
     "t5_1_1_xl@data_parallel": ("v5p-64", ["mesh.data=-1", "mesh.fsdp=1", "model.remat=full",
