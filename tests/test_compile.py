@@ -427,8 +427,8 @@ def test_collective_matmuls_are_off_unless_asked_for_and_only_on_tpu():
     cpu_mesh = partitioning.make_mesh(tiny.mesh, jax.devices()[:1])
     assert partitioning.compiler_options(tiny, cpu_mesh) == {}
     # every model kind gets both off, T5 v1.0's encoder-decoder with dropout under remat
-    # included (its all-gather ones were once kept on to dodge a libtpu crash that now
-    # happens with them on: bench/RESULTS.md), and none when mesh.collective_matmul asks
+    # included (libtpu crashed compiling T5 v1.0 large with its all-gather ones on:
+    # bench/RESULTS.md), and none when mesh.collective_matmul asks
     tpu_mesh = partitioning.make_mesh(tiny.mesh, devices)
     off = {"xla_tpu_enable_windowed_einsum_for_all_gather",
            "xla_tpu_enable_windowed_einsum_for_reduce_scatter"}
