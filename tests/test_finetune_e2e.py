@@ -23,9 +23,14 @@ def test_quickstart_fast_pipeline(tmp_path, capsys):
     restore = tasks_testdata.use_data_dir(root)
     try:
         summary = quickstart.run(str(tmp_path / "qs"), fast=True, data_dir=root, prepare=False)
-        # a rerun trains nothing: its summary keeps the first run's cost (and its numbers)
+        history = {run: (tmp_path / "qs" / run / "metrics.jsonl").read_bytes()
+                   for run in ("pretrain", "finetune")}
+        # a rerun trains nothing: its summary keeps the first run's cost (and its numbers), and
+        # its re-evaluation of the same params adds no second copy of a metrics line
         again = quickstart.run(str(tmp_path / "qs"), fast=True, data_dir=root, prepare=False)
         assert again == summary
+        for run, before in history.items():
+            assert (tmp_path / "qs" / run / "metrics.jsonl").read_bytes() == before, run
         with pytest.raises(UserError, match=r"made with --fast: rerun `t5lite quickstart "
                            r"--workdir .* --fast` to resume it"):  # (refused before training)
             quickstart.run(str(tmp_path / "qs"), data_dir=root, prepare=False)

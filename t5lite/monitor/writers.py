@@ -77,6 +77,7 @@ class MetricsLogger:
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
         self.bar = self.tb = self.wandb = None
+        self._kept_last = set()  # the records at start_step the workdir already holds
         if not self.enabled:
             return
         epath.Path(workdir).mkdir(parents=True, exist_ok=True)  # epath: workdir may be gs://
@@ -111,6 +112,8 @@ class MetricsLogger:
                 damaged.append(line + "\n")
             elif row_step <= step:
                 kept.append(line + "\n")
+                if row_step == step:
+                    self._kept_last.add(line)
         if damaged:
             _append(self.path + ".damaged", "".join(damaged))
             print(f"t5lite: warning: {self.path}: {len(damaged)} unreadable line(s) (a torn "
@@ -122,12 +125,16 @@ class MetricsLogger:
         if not self.enabled:
             return
         scalars = {k: float(np.asarray(v)) for k, v in metrics.items()}
-        _append(self.path, json.dumps({"step": step, "split": prefix, **scalars}) + "\n")
-        for k, v in scalars.items():
-            if math.isfinite(v):
-                self.tb.add_scalar(f"{prefix}/{k}", v, step)
-        if self.wandb is not None:
-            self.wandb.write(step, scalars, prefix)
+        line = json.dumps({"step": step, "split": prefix, **scalars})
+        # a rerun of a finished run re-evaluates the same params: its record, identical to
+        # the one kept, is written to no history twice (TensorBoard kept it too: purge_step)
+        if line not in self._kept_last:
+            _append(self.path, line + "\n")
+            for k, v in scalars.items():
+                if math.isfinite(v):
+                    self.tb.add_scalar(f"{prefix}/{k}", v, step)
+            if self.wandb is not None:
+                self.wandb.write(step, scalars, prefix)
         if self.bar is not None:
             if prefix == "train":
                 show = {"loss": "{:.4f}", "accuracy": "{:.3f}", "lr": "{:.2e}",
