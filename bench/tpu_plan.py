@@ -8,6 +8,9 @@ minimum, fits, compiled vs model FLOPs, the roofline bound and the expected MFU.
 are appended to the JSONL file as each compile finishes (big presets take many minutes on 2
 cores) and TPU_PLAN.md is re-rendered from it, so rows never compiled say so.
 
+A stored report whose XLA options or jax / libtpu versions differ from what `t5lite compile`
+would use today (it records both) is not shown as a figure: its row says to recompile it.
+
 Analytic minimum per chip: t5lite.tpu.memory.analytic_bytes (state + saved activations by remat
 policy + one layer's working set + logits), in every compile report.
 """
@@ -136,6 +139,25 @@ def measured(jsonl: str) -> dict:
     return done
 
 
+def stale(r: dict) -> str:
+    """Why a stored report no longer shows what `t5lite compile` builds for its setting: it
+    compiled under other XLA options (partitioning.compiler_options changed since) or another
+    jax / libtpu; "" when neither, or when the report predates recording them."""
+    from importlib import metadata
+
+    import jax
+
+    from t5lite.mesh import partitioning
+    why = []
+    if "compiler_options" in r and r["compiler_options"] != partitioning.tpu_compiler_options(
+            r["chip"], r["collective_matmul"]):
+        why.append("other XLA options")
+    now = {"jax": jax.__version__, "libtpu": metadata.version("libtpu")}
+    if "versions" in r and r["versions"] != now:
+        why.append("jax " + " + libtpu ".join(r["versions"][k] for k in ("jax", "libtpu")))
+    return " and ".join(why)
+
+
 def _figures(r: dict) -> str:
     """The bound and expected cells of a row (a report from before the expected step has
     the bound as est_*)."""
@@ -179,10 +201,12 @@ def shortfall(r: dict, target: float = 0.6, name: str = "") -> str | None:
 
 def render(jsonl: str, out: str) -> None:
     by_setting = measured(jsonl)
-    done = {}
+    done, old = {}, {}
     for name, (topology, sets) in ROWS.items():
         r = by_setting.get(_setting(name, sets, topology))
-        if r is not None:
+        if r is not None and stale(r):
+            old[name] = f"compiled with {stale(r)}: recompile (`--rows {name}`)"
+        elif r is not None:
             done[name] = r
     g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
     lines = [
@@ -212,8 +236,9 @@ def render(jsonl: str, out: str) -> None:
     for name, (topology, sets) in ROWS.items():
         r = done.get(name)
         if r is None:
+            why = old.get(name, "not compiled in this session (see below)")
             lines.append(f"| {name} | {_setting(name, sets, topology)[1]} | | | | not measured: "
-                         "not compiled in this session (see below) | | | | | | | |")
+                         f"{why} | | | | | | | |")
             continue
         b = r["bytes_per_chip"]
         mesh = "x".join(f"{k[0]}{v}" for k, v in r["mesh"].items())

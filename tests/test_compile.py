@@ -351,6 +351,14 @@ def test_t5_fsdp_on_v5e(capsys):
     assert r["expected_seconds"]["collectives"] > r["roofline_seconds"]["ici"]
     text = report.format_report(r)
     assert "roofline bound" in text and "expected step" in text and "est." not in text
+    # what compiled it (bench/tpu_plan.py shows a stored report as stale when either changes)
+    from t5lite.mesh import partitioning
+    cfg = config_lib.load_config("t5_1_1_tiny", sets)
+    mesh = partitioning.make_mesh(cfg.mesh, tpu_topology.abstract_devices(
+        tpu_topology.parse_topology("v5litepod-4")))
+    assert r["compiler_options"] == partitioning.compiler_options(cfg, mesh)  # the step's
+    assert r["compiler_options"]["xla_tpu_enable_windowed_einsum_for_all_gather"] is False
+    assert r["versions"]["jax"] == jax.__version__ and r["versions"]["libtpu"]
 
 
 def test_flat_kernels_are_not_padded_on_tpu():

@@ -52,3 +52,41 @@ def test_rows_at_the_target_or_without_an_expected_step_have_no_line():
     # a report compiled under another row's name is labelled with the row it serves
     assert cells(tpu_plan.shortfall(dict(report(100, 0.30, 95, 5, 30), row="other"),
                                     name="t5_1_1_xxl@remat_full"))[0] == "t5_1_1_xxl@remat_full"
+
+
+def test_a_report_compiled_under_other_options_or_versions_is_stale_and_not_shown(tmp_path):
+    """A stored report is a row's figure only while `t5lite compile` would still build that
+    program: compiled under other XLA options (partitioning.compiler_options changed) or
+    another jax / libtpu, the row says so and names the command that recompiles it."""
+    import json
+    from importlib import metadata
+
+    import jax
+
+    from t5lite.mesh import partitioning
+    with open(os.path.join(ROOT, "bench", "tpu_plan.jsonl")) as f:
+        (r,) = [x for x in map(json.loads, f) if x.get("row") == "electra_small"][-1:]
+    options = partitioning.tpu_compiler_options(r["chip"], r["collective_matmul"])
+    now = dict(r, compiler_options=options,
+               versions={"jax": jax.__version__, "libtpu": metadata.version("libtpu")})
+    gather = "xla_tpu_enable_windowed_einsum_for_all_gather"
+    other = dict(now, compiler_options=dict(options, **{gather: not options[gather]}))
+    older = dict(now, versions={"jax": "0.9.1", "libtpu": "0.0.40"})
+    assert tpu_plan.stale(now) == "" and tpu_plan.stale(r) == ""  # r: recorded neither
+    assert tpu_plan.stale(other) == "other XLA options"
+    assert tpu_plan.stale(older) == "jax 0.9.1 + libtpu 0.0.40"
+
+    def row(report):
+        jsonl, out = tmp_path / "plan.jsonl", tmp_path / "plan.md"
+        jsonl.write_text(json.dumps(report) + "\n")
+        tpu_plan.render(str(jsonl), str(out))
+        lines = [ln for ln in out.read_text().splitlines()
+                 if ln.startswith("| electra_small |")]  # the plan's, then its shortfall's
+        return " / ".join(lines)
+
+    assert f"{now['expected_step_seconds'] * 1e3:.0f} ms / " in row(now)
+    assert "HBM: the instructions alone reach" in row(now)  # and its shortfall line
+    assert row(other) == ("| electra_small | v5p-8 | | | | not measured: compiled with other "
+                          "XLA options: recompile (`--rows electra_small`) | | | | | | | |")
+    assert "compiled with jax 0.9.1 + libtpu 0.0.40: recompile" in row(older)
+    assert "HBM:" not in row(older)  # a stale report names no bound

@@ -152,8 +152,14 @@ def compiler_options(cfg, mesh) -> dict:
     if device is None or device.platform != "tpu":
         return {}
     chip = topology.chip_of(device.device_kind)
-    options = xla_flags.async_collective_options(chip.name if chip else "")
-    if not cfg.mesh.collective_matmul:
+    return tpu_compiler_options(chip.name if chip else "", cfg.mesh.collective_matmul)
+
+
+def tpu_compiler_options(chip_name: str, collective_matmul: bool) -> dict:
+    """compiler_options for a TPU of generation ``chip_name`` (the chip table's name), with
+    no devices at hand (bench/tpu_plan.py checks a stored report's options against it)."""
+    options = xla_flags.async_collective_options(chip_name)
+    if not collective_matmul:
         options.update({_ALL_GATHER_MATMULS: False, _REDUCE_SCATTER_MATMULS: False})
     return options
 

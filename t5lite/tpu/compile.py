@@ -70,13 +70,22 @@ def trace_train_step(cfg, mesh, model, tx, differentiate_all: bool = False):
 
 
 def _step_fields(cfg, topo: Topology, mesh) -> dict:
-    """The report's description of the step and the slice."""
+    """The report's description of the step and the slice, and what compiled it (the XLA
+    options and versions: the same config compiles to another program under others)."""
+    from importlib import metadata
+
+    import jax
+
+    from t5lite.mesh import partitioning
     return {"config": cfg.name, "topology": topo.name, "jax_topology": topo.jax_name,
             "chip": topo.chip.name, "chips": mesh.size, "mesh": dict(mesh.shape),
             "remat": cfg.model.remat, "collective_matmul": cfg.mesh.collective_matmul,
             "grad_accum_steps": cfg.train.grad_accum_steps,
             "batch_size": cfg.data.batch_size,
-            "tokens_per_step": flops_lib.tokens_per_step(cfg)}
+            "tokens_per_step": flops_lib.tokens_per_step(cfg),
+            "compiler_options": partitioning.tpu_compiler_options(
+                topo.chip.name, cfg.mesh.collective_matmul),
+            "versions": {"jax": jax.__version__, "libtpu": metadata.version("libtpu")}}
 
 
 def _mesh_and_model(cfg, topo: Topology, devices=None, grad_accum_steps: int = 1):
