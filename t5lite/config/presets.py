@@ -73,7 +73,7 @@ TINY = Slice("v5litepod-1")
 # c4_pretrain.gin); XL and XXL ship it, the smaller sizes the paper's 128.
 # Remat and mesh by expected step on the slice (bench/RESULTS.md, "Whole --search runs": the
 # figures, and what was not compiled): a whole `t5lite compile --search` picked bert_base's,
-# electra_small's and GPT-2 small's and medium's and confirmed T5 v1.1 small's and base's and
+# electra_small's and the three GPT-2 sizes' and confirmed T5 v1.1 small's and base's and
 # roberta_base's; a search held at 4-way tensor parallelism (`--search --set mesh.tensor=4`:
 # every remat, collective-matmul and data / fsdp split at that width) T5 v1.1 XXL's and T5
 # v1.0 11B's, one held at tensor 1 confirmed XL's and picked T5 v1.0 small's; for the other T5
@@ -98,7 +98,7 @@ SLICES = {
     "roberta": {"tiny": TINY, "base": Slice("v5p-8", "full")},
     # 512 x 1024 tokens and 50257-way logits: without remat GPT-2 did not fit 4 or 8 chips
     "gpt2": {"tiny": TINY, "small": Slice("v5p-32", "minimal"),
-             "medium": Slice("v5p-64", "minimal"), "large": Slice("v5p-64", "full")},
+             "medium": Slice("v5p-64", "minimal"), "large": Slice("v5p-64", "minimal")},
     # 14M parameters: copied on each chip, as BERT base
     "electra": {"tiny": TINY, "small": Slice("v5p-8", "minimal", parallel="data")},
 }
