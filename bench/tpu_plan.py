@@ -143,17 +143,13 @@ def stale(r: dict) -> str:
     """Why a stored report no longer shows what `t5lite compile` builds for its setting: it
     compiled under other XLA options (partitioning.compiler_options changed since) or another
     jax / libtpu; "" when neither, or when the report predates recording them."""
-    from importlib import metadata
-
-    import jax
-
     from t5lite.mesh import partitioning
+    from t5lite.tpu import compile as tpu_compile
     why = []
     if "compiler_options" in r and r["compiler_options"] != partitioning.tpu_compiler_options(
             r["chip"], r["collective_matmul"]):
         why.append("other XLA options")
-    now = {"jax": jax.__version__, "libtpu": metadata.version("libtpu")}
-    if "versions" in r and r["versions"] != now:
+    if "versions" in r and r["versions"] != tpu_compile.versions():
         why.append("jax " + " + libtpu ".join(r["versions"][k] for k in ("jax", "libtpu")))
     return " and ".join(why)
 
@@ -204,8 +200,9 @@ def render(jsonl: str, out: str) -> None:
     done, old = {}, {}
     for name, (topology, sets) in ROWS.items():
         r = by_setting.get(_setting(name, sets, topology))
-        if r is not None and stale(r):
-            old[name] = f"compiled with {stale(r)}: recompile (`--rows {name}`)"
+        why = stale(r) if r is not None else ""
+        if why:
+            old[name] = f"compiled with {why}: recompile (`--rows {name}`)"
         elif r is not None:
             done[name] = r
     g = lambda n: f"{n / GiB:.2f}"  # noqa: E731

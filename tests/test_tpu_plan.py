@@ -59,16 +59,13 @@ def test_a_report_compiled_under_other_options_or_versions_is_stale_and_not_show
     program: compiled under other XLA options (partitioning.compiler_options changed) or
     another jax / libtpu, the row says so and names the command that recompiles it."""
     import json
-    from importlib import metadata
-
-    import jax
 
     from t5lite.mesh import partitioning
+    from t5lite.tpu import compile as tpu_compile
     with open(os.path.join(ROOT, "bench", "tpu_plan.jsonl")) as f:
         (r,) = [x for x in map(json.loads, f) if x.get("row") == "electra_small"][-1:]
     options = partitioning.tpu_compiler_options(r["chip"], r["collective_matmul"])
-    now = dict(r, compiler_options=options,
-               versions={"jax": jax.__version__, "libtpu": metadata.version("libtpu")})
+    now = dict(r, compiler_options=options, versions=tpu_compile.versions())
     gather = "xla_tpu_enable_windowed_einsum_for_all_gather"
     other = dict(now, compiler_options=dict(options, **{gather: not options[gather]}))
     older = dict(now, versions={"jax": "0.9.1", "libtpu": "0.0.40"})

@@ -69,13 +69,18 @@ def trace_train_step(cfg, mesh, model, tx, differentiate_all: bool = False):
         return abstract, step.jitted.trace(abstract, batch)
 
 
-def _step_fields(cfg, topo: Topology, mesh) -> dict:
-    """The report's description of the step and the slice, and what compiled it (the XLA
-    options and versions: the same config compiles to another program under others)."""
+def versions() -> dict:
+    """{jax, libtpu}: the compiler versions a report records (another compiles the same config
+    to another program)."""
     from importlib import metadata
 
     import jax
+    return {"jax": jax.__version__, "libtpu": metadata.version("libtpu")}
 
+
+def _step_fields(cfg, topo: Topology, mesh) -> dict:
+    """The report's description of the step and the slice, and what compiled it (the XLA
+    options and versions: the same config compiles to another program under others)."""
     from t5lite.mesh import partitioning
     return {"config": cfg.name, "topology": topo.name, "jax_topology": topo.jax_name,
             "chip": topo.chip.name, "chips": mesh.size, "mesh": dict(mesh.shape),
@@ -85,7 +90,7 @@ def _step_fields(cfg, topo: Topology, mesh) -> dict:
             "tokens_per_step": flops_lib.tokens_per_step(cfg),
             "compiler_options": partitioning.tpu_compiler_options(
                 topo.chip.name, cfg.mesh.collective_matmul),
-            "versions": {"jax": jax.__version__, "libtpu": metadata.version("libtpu")}}
+            "versions": versions()}
 
 
 def _mesh_and_model(cfg, topo: Topology, devices=None, grad_accum_steps: int = 1):
