@@ -15,6 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("t5lite", "launch")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 60
+MAX_LINE_CHARS = 100
 
 
 def _sources(*roots: str):
@@ -43,12 +44,14 @@ def test_files_and_functions_are_short():
         rel = path.relative_to(ROOT)
         if text.count("\n") > MAX_FILE_LINES:
             too_long.append(f"{rel}: {text.count(chr(10))} lines")
+        too_long += [f"{rel}:{i} {len(line)} characters" for i, line in
+                     enumerate(text.splitlines(), 1) if len(line) > MAX_LINE_CHARS]
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES and not _is_parser_builder(node):
                     too_long.append(f"{rel}:{node.lineno} {node.name}(): {n} lines")
-    assert not too_long, "split these:\n" + "\n".join(too_long)
+    assert not too_long, "split these (lines, functions, files):\n" + "\n".join(too_long)
 
 
 def _type_checking_only(tree: ast.Module) -> set:

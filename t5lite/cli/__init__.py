@@ -1,1 +1,2 @@
-"""The `t5lite` command: flag parsing (main), what each verb does (commands), listings, quickstart."""
+"""The `t5lite` command: flag parsing (main), what each verb does (commands), listings,
+quickstart."""

@@ -84,7 +84,8 @@ class OptimizerConfig(Section):
     b1: float = setting(0.9, bounds=(0.0, 1.0))
     b2: float = setting(0.999, bounds=(0.0, 1.0))
     eps: float = setting(1e-8, bounds=(0.0, None))
-    # adamw / adamw_rms_scaled: divide Adam's moments by 1 - b1^t and 1 - b2^t (Kingma & Ba; optax's adamw).
+    # adamw / adamw_rms_scaled: divide Adam's moments by 1 - b1^t and 1 - b2^t (Kingma & Ba;
+    # optax's adamw).
     # False: Mesh TF's AdamWeightDecayOptimizer (mesh_tensorflow/optimize.py :171-174,
     # update = m / (sqrt(v) + eps) from the raw moments), what Narang et al.'s ReZero / Fixup
     # rows trained with. Its steps are optax's times (1 - b1^t) / sqrt(1 - b2^t): 3.2x at the

@@ -1,1 +1,2 @@
-"""Using a trained model: decoding with a KV cache, seqio evaluation, inference, few-shot prompting."""
+"""Using a trained model: decoding with a KV cache, seqio evaluation, inference, few-shot
+prompting."""

@@ -24,9 +24,10 @@ from t5lite.peft.unfreeze import (
 
 __all__ = [
     "ADAPTER_SUFFIX", "Adapter", "Attention", "IA3_NAMES", "LORA_NAMES", "LoraDense", "MLP",
-    "PEFT_MARKER", "PREFIX_NAMES", "PROMPT_NAME", "SoftPrompt", "add_prefix", "build_model", "check",
-    "count_trainable", "describe", "enabled", "grad_mask", "ia3_scale", "is_peft_param",
-    "Unfreeze", "gradual_unfreeze", "load_peft", "lora_dense", "merge_lora", "needs_mask", "opened_groups",
+    "PEFT_MARKER", "PREFIX_NAMES", "PROMPT_NAME", "SoftPrompt", "add_prefix", "build_model",
+    "check", "count_trainable", "describe", "enabled", "grad_mask", "ia3_scale", "is_peft_param",
+    "Unfreeze", "gradual_unfreeze", "load_peft", "lora_dense", "merge_lora", "needs_mask",
+    "opened_groups",
     "path_str", "peft_subset", "prepend_prompt", "prompt_param", "prompted_stack", "save_peft",
     "save_with_checkpoint", "stack_modules", "total_layers", "trainable_mask",
     "unfreeze_groups"]

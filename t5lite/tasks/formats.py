@@ -480,7 +480,8 @@ def register_paper_tasks(vocabulary: Union[str, seqio.Vocabulary] = "t5") -> lis
     """The T5 paper's benchmarks from TFDS with the ``t5`` vocabulary (names in PAPER_TASKS):
     paper_glue_<task> and the mixture paper_glue, paper_super_glue_<task> (all eight, WSC's
     training half and DPR) and paper_super_glue, paper_squad, paper_cnn_dailymail,
-    paper_wmt_{ende,enfr,enro}, as task_catalog lists them. Nothing is read until a dataset is built."""
+    paper_wmt_{ende,enfr,enro}, as task_catalog lists them. Nothing is read until a dataset is
+    built."""
     benchmarks = _paper_benchmarks()  # the catalog's other benchmarks: tasks/narang_tasks.py
     for spec in task_catalog.task_specs():
         if spec.recipe == "benchmark" and spec.name in benchmarks:
