@@ -125,6 +125,29 @@ def test_mesh_tf_attention_init_is_an_untruncated_normal_with_the_folded_query()
         assert np.abs(w).max() > 3 * std, name  # not truncated at 2 std
 
 
+def test_t5x_attention_init_folds_the_logits_scaling_as_t5x_and_hf_do():
+    """t5x (examples/t5/layers.py MultiHeadDotProductAttention: query_init = kernel_init /
+    sqrt(head_dim)) and Hugging Face's T5 (T5PreTrainedModel._init_weights, run here on torch):
+    the query's std is (d_model * head_dim)^-1/2, the key's and value's d_model^-1/2, the
+    output's (heads * head_dim)^-1/2; t5x's draws are truncated at 2 std, HF's are not."""
+    import torch
+    from transformers import T5Config, T5Model
+    d, h, k = 512, 8, 64
+    cfg = tiny(d_model=d, num_heads=h, head_dim=k)
+    assert cfg.initializers == "t5x" and not cfg.scale_attn_logits
+    params = init_params(cfg)["encoder"]["layers_0"]["attention"]
+    torch.manual_seed(0)
+    hf = T5Model(T5Config(vocab_size=64, d_model=d, d_kv=k, num_heads=h, d_ff=64,
+                          num_layers=1, num_decoder_layers=1)).encoder.block[0].layer[0]
+    for name, hf_name in (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o")):
+        ours = np.asarray(params[name]["kernel"])
+        theirs = getattr(hf.SelfAttention, hf_name).weight.detach().numpy()
+        want = (d * k) ** -0.5 if name == "query" else d ** -0.5
+        np.testing.assert_allclose(theirs.std(), want, rtol=0.01, err_msg=name)
+        np.testing.assert_allclose(ours.std(), want, rtol=0.01, err_msg=name)
+        assert np.abs(ours).max() <= 2 * want / TRUNCATED_STD * 1.0001, name
+
+
 def test_paper_scale_initializers_are_mesh_tfs_and_leave_the_step_key():
     from t5lite.ablations.estimation import step_key
     pre, fts = paper_plan()

@@ -209,7 +209,8 @@ class ModelConfig(Section):
     # 0 = T5X init (fan-in dense, N(0,1) embeddings); >0 = N(0, std)
     init_std: float = setting(0.0, bounds=(0.0, None))
     # Whose fan-in initializers (with init_std 0; models/layers.py kernel_init, attention_init):
-    # "t5x" = Flax's truncated normal with its std corrected for the truncation; "mesh_tf" =
+    # "t5x" = Flax's truncated normal with its std corrected for the truncation, the query's
+    # std over sqrt(head_dim) where T5 folds the logits' scaling into it (as t5x); "mesh_tf" =
     # the T5 paper's and Narang et al.'s code: dense kernels TF's truncated_normal(sqrt(scale /
     # fan_in)), whose std the truncation shrinks by 0.88 (mesh_tensorflow/layers.py
     # VarianceScalingInitializer), attention projections an untruncated normal of std

@@ -38,9 +38,9 @@ def dense_fields(cfg, name: str, fields: dict, cross: bool = False) -> dict:
     """A residual branch's DenseGeneral fields under Fixup: its output projection (``out``,
     ``wo``) starts at zero; the projections inside it get He's init (variance 2 / fan_in)
     times L ** (-2 / (2m - 2)) on the variance (Fixup's L ** (-1 / (2m - 2)) on the std; L
-    branches, m = 4 in attention, 2 in the FFN), the query also by sqrt(head_dim) where T5
-    folds the logits' scaling into its init (Mesh TF refuses that combination). Cross-attention
-    (``cross``) is left as it is, as in the reference."""
+    branches, m = 4 in attention, 2 in the FFN), the query's std also over sqrt(head_dim)
+    where T5 folds the logits' scaling into its init (Mesh TF refuses that combination).
+    Cross-attention (``cross``) is left as it is, as in the reference."""
     if not cfg.fixup or cross:
         return fields
     if name in BRANCH_OUTPUTS:
@@ -49,7 +49,7 @@ def dense_fields(cfg, name: str, fields: dict, cross: bool = False) -> dict:
         matrices = 4 if name in ATTENTION_INPUTS else 2
         scale = 2.0 * max(num_branches(cfg), 1) ** (-2.0 / (2 * matrices - 2))
         if name == "query" and not cfg.scale_attn_logits:
-            scale *= cfg.head_dim ** -0.5
+            scale /= cfg.head_dim  # the std over sqrt(head_dim), as layers.query_init_scale
         return dict(fields, init=nn.initializers.variance_scaling(
             scale, "fan_in", "truncated_normal"))
     return fields

@@ -283,12 +283,13 @@ _softmax_narrow.defvjp(_softmax_narrow_fwd, _softmax_narrow_bwd)
 
 def query_init_scale(cfg) -> float:
     """The query kernel's init variance scale: 1, or where T5 folds the logits' 1 / sqrt(head
-    dim) into that init, Mesh TF's std times head_dim^-1/2 (variance / head_dim;
-    attention.py :436-439) with "mesh_tf", and variance times head_dim^-1/2 with "t5x" (a
-    quarter power on the std: t5lite's own, kept so existing configs mean the same)."""
+    dim) into that init, 1 / head_dim (the std over sqrt(head_dim)), as both references do:
+    t5x's MultiHeadDotProductAttention (t5x/examples/t5/layers.py, ``query_init =
+    kernel_init / depth_scaling``, depth_scaling = sqrt(head_dim)) and Mesh TF's
+    (transformer/attention.py init_weights, :436-439)."""
     if cfg.scale_attn_logits or cfg.init_std > 0:
         return 1.0
-    return cfg.head_dim ** (-1.0 if cfg.initializers == "mesh_tf" else -0.5)
+    return 1.0 / cfg.head_dim
 
 
 def xla_attend(module: nn.Module, q_BTHK, k_BSHK, v_BSHK, bias_BHTS, deterministic: bool):
