@@ -1,4 +1,5 @@
-"""A fake `gcloud` for tests/test_launch.py: records every call and plays a small TPU cloud.
+"""A fake `gcloud` for the launcher tests (FakeCloud in tests/launch_helpers.py): records every
+call and plays a small TPU cloud.
 
 State lives in $FAKE_CLOUD (a directory): cloud.json (resources, scripted queued-resource
 states, scripted failures), calls.jsonl (one JSON argv per call; worker_calls.jsonl for the

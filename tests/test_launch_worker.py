@@ -12,7 +12,7 @@ import pytest
 
 import tasks_testdata
 from bare_worker import image, wheelhouse
-from test_launch import ROOT, Z, FakeCloud, _load_tpu_module, describe, ssh_call
+from launch_helpers import ROOT, Z, FakeCloud, _load_tpu_module, describe, ssh_call
 
 worker_setup = _load_tpu_module("worker_setup")
 data_ship = _load_tpu_module("data_ship")

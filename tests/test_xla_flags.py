@@ -127,7 +127,7 @@ def test_libtpu_accepts_every_flag_in_libtpu_init_args():
 
 
 def _launch_job():
-    """launch/tpu/job.py as test_launch.py imports it (launch/ is not on sys.path)."""
+    """launch/tpu/job.py as tests/launch_helpers.py imports it (launch/ is not on sys.path)."""
     if "launch_tpu" not in sys.modules:
         package = os.path.join(ROOT, "launch", "tpu")
         spec = importlib.util.spec_from_file_location(
