@@ -14,7 +14,7 @@ def memory_total(mem) -> int:
 
     On TPU the peak is what the compiler's own HBM check compares (it refuses a program whose
     peak exceeds the chip's HBM and compiles one whose arguments + temp_size_in_bytes exceed
-    it: tests/test_compile.py); temp_size_in_bytes is a larger figure than the temporaries
+    it: tests/test_tpu_costs.py); temp_size_in_bytes is a larger figure than the temporaries
     live at the peak, so the sum overstates every scanned step."""
     peak = getattr(mem, "peak_memory_in_bytes", 0) or 0
     return int(peak) if peak > 0 else _io_bytes(mem) + mem.temp_size_in_bytes
