@@ -161,3 +161,10 @@ BUCKET_CHECK = [["storage", "cp", "-"], ["storage", "cat"], ["storage", "rm"]]  
 def without_polls(calls):
     """The calls less the state checks made while a job runs (their number depends on time)."""
     return [c for c in calls if "describe" not in c[2:4]]
+
+
+# gcloud's words for a zone out of capacity and for a quota (retry.failure_kind reads them)
+CAPACITY = ('ERROR: (gcloud.compute.tpus.tpu-vm.create) {"code": 8, "message": "There is no '
+            'more capacity in the zone \\"us-central2-b\\"; you can try in another zone"}')
+QUOTA = ("ERROR: (gcloud.compute.tpus.tpu-vm.create) RESOURCE_EXHAUSTED: Quota limit "
+         "'TPUV4sPodPerProjectPerZoneForTPUAPI' has been exceeded.")

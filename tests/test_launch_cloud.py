@@ -5,17 +5,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
-import types
 
 import pytest
 
 from t5lite.mesh import xla_flags
 
 from launch_helpers import (
-    BUCKET_CHECK, JOB_ID, LAUNCH, TPUS, Z, describe, FakeCloud, gcloud, presets, retry, ssh_call,
+    BUCKET_CHECK, CAPACITY, JOB_ID, LAUNCH, QUOTA, TPUS, Z, describe, FakeCloud, presets, ssh_call,
     without_polls, worker_setup)
 
 
@@ -297,43 +295,6 @@ def test_tpu_supervise_stops_on_failure_and_gives_up(tmp_path, plan, extra, rc, 
 
 SUPERVISE = ["--config=c.py", "--workdir=gs://b/r", "--skip-fit-check", "--no-prepare-data",
              "--backoff=0", "--poll-seconds=0.2"]
-CAPACITY = ('ERROR: (gcloud.compute.tpus.tpu-vm.create) {"code": 8, "message": "There is no '
-            'more capacity in the zone \\"us-central2-b\\"; you can try in another zone"}')
-QUOTA = ("ERROR: (gcloud.compute.tpus.tpu-vm.create) RESOURCE_EXHAUSTED: Quota limit "
-         "'TPUV4sPodPerProjectPerZoneForTPUAPI' has been exceeded.")
-
-
-def test_tpu_retry_kinds_and_jittered_backoff():
-    assert retry.failure_kind(CAPACITY) == "capacity"
-    assert retry.failure_kind(QUOTA) == "permanent"  # RESOURCE_EXHAUSTED, but a quota
-    assert retry.failure_kind("ERROR: (gcloud.compute.tpus.tpu-vm.create) PERMISSION_DENIED: "
-                              "Permission 'tpu.nodes.create' denied") == "permanent"
-    assert retry.failure_kind("ERROR: (gcloud.compute.tpus.tpu-vm.ssh) unrecognized "
-                              "arguments: --bad") == "permanent"
-    assert retry.failure_kind("ssh: connect to host 10.0.0.1 port 22: Connection timed out"
-                              ) == "transient"
-    assert retry.tries_for("permanent", 10) == 3 and retry.tries_for("capacity", 10) == 10
-    backoff = retry.Backoff(60, 1800, rng=__import__("random").Random(0))
-    delays = [backoff.delay(a) for a in range(1, 9)]
-    for attempt, d in enumerate(delays, 1):
-        full = min(1800, 60 * 2 ** (attempt - 1))
-        assert full / 2 <= d <= full  # bounded, and jittered within the doubling step
-    assert len({round(d / min(1800, 60 * 2 ** a), 3) for a, d in enumerate(delays)}) > 1
-
-
-def test_tpu_stream_keeps_bounded_output(capsys):
-    """A job's output is echoed, not kept: only the report lines and a short tail stay."""
-    args = types.SimpleNamespace(name="x", dry_run=False)
-    cloud = gcloud.Cloud(args)
-    code = ("for i in range(200000): print('step', i)\n"
-            "print('t5lite-job: worker 0 exit 0')\nprint('last line')")
-    rc, marks = cloud.stream([sys.executable, "-c", code])
-    assert rc == 0 and marks == ["t5lite-job: worker 0 exit 0"]
-    assert cloud.last_error.splitlines()[-1] == "last line"
-    assert len(cloud.last_error.splitlines()) == gcloud.TAIL_LINES
-    assert "step 199999" in capsys.readouterr().out
-
-
 def test_tpu_routes_are_checked_before_anything_runs(tmp_path):
     """gcloud refuses --internal-ip with --tunnel-through-iap (one routing group); the
     launcher says so before any call. --no-external-ip is the create flag (--internal-ips)."""

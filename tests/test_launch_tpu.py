@@ -13,7 +13,8 @@ import pytest
 
 
 from launch_helpers import (
-    ALIVE, JOB_ID, LAUNCH, ROOT, fit_check, presets, slices, tpu, worker_setup)
+    ALIVE, CAPACITY, JOB_ID, LAUNCH, QUOTA, ROOT, fit_check, gcloud, presets, retry, slices, tpu,
+    worker_setup)
 
 
 # ----------------------------------------------------------------------------- TPU VM: dry run
@@ -230,3 +231,37 @@ def test_tpu_train_refuses_a_config_that_does_not_fit():
     assert "does not fit v5litepod-1" in err and "HBM per chip" in err
     assert "--set model.remat=full" in err and "--set train.grad_accum_steps=2" in err
     assert "--skip-fit-check" in err
+
+
+# ------------------------------------------------------------------------- TPU VM: retries, output
+
+
+def test_tpu_retry_kinds_and_jittered_backoff():
+    assert retry.failure_kind(CAPACITY) == "capacity"
+    assert retry.failure_kind(QUOTA) == "permanent"  # RESOURCE_EXHAUSTED, but a quota
+    assert retry.failure_kind("ERROR: (gcloud.compute.tpus.tpu-vm.create) PERMISSION_DENIED: "
+                              "Permission 'tpu.nodes.create' denied") == "permanent"
+    assert retry.failure_kind("ERROR: (gcloud.compute.tpus.tpu-vm.ssh) unrecognized "
+                              "arguments: --bad") == "permanent"
+    assert retry.failure_kind("ssh: connect to host 10.0.0.1 port 22: Connection timed out"
+                              ) == "transient"
+    assert retry.tries_for("permanent", 10) == 3 and retry.tries_for("capacity", 10) == 10
+    backoff = retry.Backoff(60, 1800, rng=__import__("random").Random(0))
+    delays = [backoff.delay(a) for a in range(1, 9)]
+    for attempt, d in enumerate(delays, 1):
+        full = min(1800, 60 * 2 ** (attempt - 1))
+        assert full / 2 <= d <= full  # bounded, and jittered within the doubling step
+    assert len({round(d / min(1800, 60 * 2 ** a), 3) for a, d in enumerate(delays)}) > 1
+
+
+def test_tpu_stream_keeps_bounded_output(capsys):
+    """A job's output is echoed, not kept: only the report lines and a short tail stay."""
+    args = types.SimpleNamespace(name="x", dry_run=False)
+    cloud = gcloud.Cloud(args)
+    code = ("for i in range(200000): print('step', i)\n"
+            "print('t5lite-job: worker 0 exit 0')\nprint('last line')")
+    rc, marks = cloud.stream([sys.executable, "-c", code])
+    assert rc == 0 and marks == ["t5lite-job: worker 0 exit 0"]
+    assert cloud.last_error.splitlines()[-1] == "last line"
+    assert len(cloud.last_error.splitlines()) == gcloud.TAIL_LINES
+    assert "step 199999" in capsys.readouterr().out

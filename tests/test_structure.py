@@ -54,6 +54,13 @@ def test_files_and_functions_are_short():
     assert not too_long, "split these (lines, functions, files):\n" + "\n".join(too_long)
 
 
+def test_test_files_are_short():
+    """The suite's own files too (their lines may be longer: verbatim HLO and log text)."""
+    too_long = [f"{p.relative_to(ROOT)}: {n} lines" for p in _sources("tests", "bench")
+                if (n := p.read_text().count("\n")) > MAX_FILE_LINES]
+    assert not too_long, "split these files:\n" + "\n".join(too_long)
+
+
 def _type_checking_only(tree: ast.Module) -> set:
     """Import nodes under `if TYPE_CHECKING:` (never executed)."""
     skip = set()
