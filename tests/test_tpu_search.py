@@ -133,7 +133,7 @@ def test_a_plain_compile_that_kills_the_compiler_is_one_line(monkeypatch, capsys
     """`t5lite compile` without --search compiles in the same kept compiler process: a libtpu
     crash (T5 v1.0 base with remat minimal on v5p-8) ends in one line, not this process."""
     proc = isolated.CompilerProcess(target=f"{__name__}:_always_dies")
-    monkeypatch.setitem(isolated._SHARED, "proc", proc)
+    monkeypatch.setitem(isolated._SHARED, "train", proc)
     try:
         rc = cli.main(["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-4"])
     finally:
@@ -141,6 +141,22 @@ def test_a_plain_compile_that_kills_the_compiler_is_one_line(monkeypatch, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "SIGSEGV" in err[0] and "v5litepod-4" in err[0] and "--search" in err[0], err
+
+
+def test_a_decode_compile_that_kills_the_compiler_is_one_line(monkeypatch, capsys):
+    """--decode compiles in a compiler process of its own too (it ran in this one before, so
+    a libtpu crash ended the command with a core dump)."""
+    assert isolated._PROGRAMS["decode"].endswith(":decode_on_slice")
+    proc = isolated.CompilerProcess(target=f"{__name__}:_always_dies")
+    monkeypatch.setitem(isolated._SHARED, "decode", proc)
+    try:
+        rc = cli.main(["compile", "--config", "gpt2_tiny", "--topology", "v5litepod-4",
+                       "--decode"])
+    finally:
+        proc.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "SIGSEGV" in err[0] and "decode program for v5litepod-4" in err[0], err
 
 
 def test_a_mesh_axis_given_with_set_is_held_by_the_search(capsys):

@@ -130,12 +130,25 @@ def _fixed_mesh_axes(overrides) -> dict:
     return fixed
 
 
+def _compile_isolated(config_name, topo, cfg, hbm: int, program: str) -> dict:
+    """In the compiler's own process, as --search compiles: a libtpu crash is one line."""
+    from t5lite.tpu import isolated
+    try:
+        return isolated.shared(program).compile(cfg, topo, hbm_bytes=hbm)
+    except isolated.CompilerCrashed as e:
+        fix = ("another mesh or remat may compile: `t5lite compile --config "
+               f"{config_name} --search` ranks the settings that do") if program == "train" \
+            else "another mesh, batch or decode setting may compile"
+        raise UserError(f"libtpu's compiler crashed compiling {config_name}'s {program} "
+                        f"program for {topo.name} ({e}); {fix}") from None
+
+
 def compile_command(config_name: str, topology: str, overrides=(), as_json=False,
                     do_search=False, hbm_gib: float = 0.0, decode=False, out=print) -> dict:
     """`t5lite compile`: one report (or a search) for a config on a TPU topology, as JSON
     (one object on stdout) or text."""
     from t5lite.mesh import topology as tpu_topology
-    from t5lite.tpu import compile as tpu_compile, isolated, report, search
+    from t5lite.tpu import report, search
     from t5lite import config as config_lib
     cfg = config_lib.load_config(config_name, list(overrides))
     if not (topology or cfg.mesh.topology):
@@ -147,7 +160,7 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
     if decode:
         if do_search:
             raise UserError("--search explores training settings; drop it with --decode")
-        r = tpu_compile.compile_decode(cfg, topo, hbm_bytes=hbm)
+        r = _compile_isolated(config_name, topo, cfg, hbm, "decode")
         out(json.dumps(r) if as_json else report.format_decode_report(r))
         return r
     if do_search:
@@ -170,12 +183,7 @@ def compile_command(config_name: str, topology: str, overrides=(), as_json=False
                 out(f"crashed the compiler, not ranked ({r['crashed']}): --set "
                     + " --set ".join(r["set"]))
         return res
-    try:  # in the compiler's own process, as --search does: a libtpu crash is one line
-        r = isolated.shared().compile(cfg, topo, hbm_bytes=hbm)
-    except isolated.CompilerCrashed as e:
-        raise UserError(f"libtpu's compiler crashed compiling {config_name} for {topo.name} "
-                        f"({e}); another mesh or remat may compile: `t5lite compile --config "
-                        f"{config_name} --search` ranks the settings that do") from None
+    r = _compile_isolated(config_name, topo, cfg, hbm, "train")
     out(json.dumps(r) if as_json else report.format_report(r))
     if r["mesh_advice"] and not as_json:
         out(r["mesh_advice"])

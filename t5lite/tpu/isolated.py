@@ -65,6 +65,15 @@ def compile_on_slice(cfg, topo, hbm_bytes: int = 0) -> dict:
     return compile_step(cfg, topo, _DEVICES[topo.jax_name], hbm_bytes)
 
 
+def decode_on_slice(cfg, topo, hbm_bytes: int = 0) -> dict:
+    """compile.compile_decode (`t5lite compile --decode`), devices made as compile_on_slice's."""
+    from t5lite.mesh.topology import abstract_devices
+    from t5lite.tpu.compile import compile_decode
+    if topo.jax_name not in _DEVICES:
+        _DEVICES[topo.jax_name] = abstract_devices(topo)
+    return compile_decode(cfg, topo, _DEVICES[topo.jax_name], hbm_bytes)
+
+
 def _how_it_died(exitcode) -> str:
     if exitcode is not None and exitcode < 0:
         try:
@@ -128,14 +137,17 @@ class CompilerProcess:
 
 
 _SHARED: dict = {}
+_PROGRAMS = {"train": "t5lite.tpu.isolated:compile_on_slice",
+             "decode": "t5lite.tpu.isolated:decode_on_slice"}
 
 
-def shared() -> CompilerProcess:
-    """One compiler process for this process's searches (its report cache serves them all)."""
-    if "proc" not in _SHARED:
-        _SHARED["proc"] = CompilerProcess()
-        atexit.register(_SHARED["proc"].close)
-    return _SHARED["proc"]
+def shared(program: str = "train") -> CompilerProcess:
+    """One compiler process per program ("train": the train step, its report cache serving
+    every search of this process; "decode": `t5lite compile --decode`'s program)."""
+    if program not in _SHARED:
+        _SHARED[program] = CompilerProcess(_PROGRAMS[program])
+        atexit.register(_SHARED[program].close)
+    return _SHARED[program]
 
 
 def _die_with(parent_pid: int) -> None:
