@@ -8,6 +8,7 @@ and t5lite.tpu.compile caches each (config, topology) compile, so --search reuse
 import dataclasses
 import json
 import math
+import os
 import re
 
 import jax
@@ -280,6 +281,33 @@ def test_decode_program_compiles_with_its_cache(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["program"] == "decode" and r["fits"] and r["bytes_per_chip"]["params"] > 0
     assert r["bytes_per_chip"]["temp"] > 0 and r["cost_analysis_flops_per_chip"] > 0
+
+
+def test_tpu_compiles_stay_out_of_the_persistent_compilation_cache(tmp_path):
+    """An executable compiled for abstract TPU devices cannot be loaded back: stored in
+    $JAX_COMPILATION_CACHE_DIR it only made the next run warn ("Error reading persistent
+    compilation cache entry") and compile again. A plain TPU jit beside it is stored: the
+    cache was live."""
+    from jax._src import compilation_cache
+    before = {k: getattr(jax.config, k) for k in (
+        "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compilation_cache.reset_cache()
+    try:
+        r = compiled("gpt2_tiny", "v5litepod-1", "model.d_ff=96")  # a key no other test has
+        stored = {name.split("-")[0] for name in os.listdir(tmp_path)}  # CPU jits (init) stay
+        assert r["compiled"] and "jit_step_fn" not in stored, stored
+        topo = tpu_topology.parse_topology("v5litepod-1")
+        mesh = jax.sharding.Mesh(np.array(tpu_topology.abstract_devices(topo)), ("x",))
+        x = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec()))
+        jax.jit(lambda a: jnp.tanh(a @ a)).lower(x).compile()
+        assert {name.split("-")[0] for name in os.listdir(tmp_path)} - stored == {"jit__lambda"}
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+        compilation_cache.reset_cache()
 
 
 def test_decode_program_takes_the_compiler_options(monkeypatch):

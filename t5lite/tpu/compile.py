@@ -11,6 +11,7 @@ table and the expected step (step_time.py: the scheduled HLO replayed on the sli
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -23,6 +24,22 @@ from t5lite.mesh.topology import Topology, abstract_devices
 from t5lite.tpu import hlo_cost, memory, step_time
 
 _CACHE: dict = {}  # (config JSON, topology) -> report: --search revisits configs
+
+
+@contextlib.contextmanager
+def _no_persistent_cache():
+    """Nothing of these compiles is written to JAX's persistent compilation cache
+    ($JAX_COMPILATION_CACHE_DIR, which TPU VM users set): an executable compiled for abstract
+    TPU devices cannot be loaded back (no client), so storing it only made the next run warn
+    and compile again. (jax_enable_compilation_cache is read once a process, at its first
+    compile; the least compile time an entry needs is read at every write.)"""
+    import jax
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
 
 
 def compile_step(cfg, topo: Topology, devices=None, hbm_bytes: int = 0) -> dict:
@@ -120,7 +137,8 @@ def _compile(cfg, topo: Topology, devices=None) -> dict:
         model_flops = trainer.step_flops(cfg, model, mesh, abstract.params,
                                          cfg.data.batch_size)
     try:
-        compiled = lowered.compile()
+        with _no_persistent_cache():
+            compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
@@ -259,7 +277,7 @@ def _compile_decode_program(cfg, mesh, model, beams: int, samples: int, n_in: in
             jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated),
             jax.tree.map(lambda x: jax.ShapeDtypeStruct((), x.dtype, sharding=replicated),
                          knobs))
-    with partitioning.activate(mesh):
+    with partitioning.activate(mesh), _no_persistent_cache():
         return abstract, fn.lower(*args).compile()
 
 
