@@ -77,7 +77,7 @@ TINY = Slice("v5litepod-1")
 # roberta_base's; a search held at 4-way tensor parallelism (`--search --set mesh.tensor=4`:
 # every remat, collective-matmul and data / fsdp split at that width) T5 v1.1 XXL's and T5
 # v1.0 11B's, one held at tensor 1 confirmed XL's, large's, BERT large's and T5 v1.0 base's
-# and picked T5 v1.0 small's; for T5 v1.0 large and 3B the fastest of a few remat / mesh
+# and large's and picked T5 v1.0 small's; for T5 v1.0 3B the fastest of a few remat / mesh
 # variants compiled on the slice; the rest are not searched.
 SLICES = {
     # small: 60M parameters, copied on each chip (3% faster than fsdp 4 by expected step)
