@@ -56,22 +56,24 @@ def _serve(jobs, replies, target: str) -> None:
 _DEVICES: dict = {}
 
 
-def compile_on_slice(cfg, topo, hbm_bytes: int = 0) -> dict:
-    """compile.compile_step with the slice's abstract devices made once per topology."""
+def _devices(topo):
+    """The slice's abstract devices, made once per topology in this process."""
     from t5lite.mesh.topology import abstract_devices
-    from t5lite.tpu.compile import compile_step
     if topo.jax_name not in _DEVICES:
         _DEVICES[topo.jax_name] = abstract_devices(topo)
-    return compile_step(cfg, topo, _DEVICES[topo.jax_name], hbm_bytes)
+    return _DEVICES[topo.jax_name]
+
+
+def compile_on_slice(cfg, topo, hbm_bytes: int = 0) -> dict:
+    """compile.compile_step (`t5lite compile`, each variant of --search)."""
+    from t5lite.tpu.compile import compile_step
+    return compile_step(cfg, topo, _devices(topo), hbm_bytes)
 
 
 def decode_on_slice(cfg, topo, hbm_bytes: int = 0) -> dict:
-    """compile.compile_decode (`t5lite compile --decode`), devices made as compile_on_slice's."""
-    from t5lite.mesh.topology import abstract_devices
+    """compile.compile_decode (`t5lite compile --decode`)."""
     from t5lite.tpu.compile import compile_decode
-    if topo.jax_name not in _DEVICES:
-        _DEVICES[topo.jax_name] = abstract_devices(topo)
-    return compile_decode(cfg, topo, _DEVICES[topo.jax_name], hbm_bytes)
+    return compile_decode(cfg, topo, _devices(topo), hbm_bytes)
 
 
 def _how_it_died(exitcode) -> str:
