@@ -77,13 +77,12 @@ TINY = Slice("v5litepod-1")
 # roberta_base's; a search held at 4-way tensor parallelism (`--search --set mesh.tensor=4`:
 # every remat, collective-matmul and data / fsdp split at that width) T5 v1.1 XXL's and T5
 # v1.0 11B's, one held at tensor 1 confirmed XL's, large's, BERT large's and T5 v1.0 base's
-# and large's and picked T5 v1.0 small's; for T5 v1.0 3B the fastest of a few remat / mesh
-# variants compiled on the slice; the rest are not searched.
+# and large's and picked T5 v1.0 small's and 3B's; the rest are not searched.
 SLICES = {
     # small: 60M parameters, copied on each chip (3% faster than fsdp 4 by expected step)
     "t5_1_0": {"tiny": TINY, "small": Slice("v5p-8", "full", parallel="data"),
                "base": Slice("v5p-8", "full"),
-               "large": Slice("v5p-16", "full"), "3b": Slice("v5p-32", "full"),
+               "large": Slice("v5p-16", "full"), "3b": Slice("v5p-32", "minimal"),
                # 4-way tensor parallelism with the rest of the state copied 16 ways: fsdp
                # over 64 chips left most of the step in exposed gathers (bench/RESULTS.md)
                "11b": Slice("v5p-128", "minimal", tensor=4, parallel="data")},
