@@ -18,6 +18,9 @@ from test_gcs import bucket, emulator  # noqa: F401  (fixtures: the GCS emulator
 from reliability_helpers import ROOT, run_cli, snapshot, train_args
 
 
+# ---------------------------------------------------------------------------- refusals
+
+
 def test_workdir_that_is_a_file(tmp_path, capsys, monkeypatch):
     """Refused on the argument itself, first: with nothing prepared (an empty data dir), the
     line is still about the workdir, not the data the run would have read."""
@@ -28,6 +31,9 @@ def test_workdir_that_is_a_file(tmp_path, capsys, monkeypatch):
     assert code == 2 and len(lines) == 1, out[-2000:]
     assert "is a file, not a directory" in lines[0]
     assert f.read_text() == "precious"
+
+
+# ---------------------------------------------------------------------------- lock (item 2)
 
 
 def test_lock_race_has_exactly_one_winner(tmp_path):
@@ -105,6 +111,9 @@ def test_lease_lock_dead_pid_on_this_host_is_taken_over_at_once(tmp_path):
     assert not os.path.exists(tmp_path / ".lock")
 
 
+# ---------------------------------------------------------------------------- item 1: config guard
+
+
 def test_config_guard_lets_through_what_leaves_the_state_shapes_alone(tmp_path):
     from t5lite import config as config_lib
     from t5lite.errors import UserError
@@ -175,6 +184,9 @@ def test_skip_batches_drops_n_batches_only_when_resuming_at_its_step():
     for bad in ("3", "a:b", "3:0", "-1:2", "1:2:3"):
         with pytest.raises(UserError, match="give \"S:N\""):
             data.parse_skip(bad)
+
+
+# ---------------------------------------------------------------------------- item 7: inputs
 
 
 def test_convert_import_of_a_malformed_model_dir(tmp_path, capsys):
@@ -407,6 +419,9 @@ def test_start_up_files_stay_once_a_step_was_logged_or_saved(tmp_path, evidence)
     kept = ["checkpoints", "config.json", "notes.txt", "tensorboard"] + (
         [evidence] if evidence in ("metrics.jsonl", "goodput.json") else [])
     assert sorted(os.listdir(wd)) == (sorted(kept) if evidence else ["notes.txt"])
+
+
+# ---------------------------------------------------------------------------- issue 35 item 9: GCS
 
 
 def test_resume_from_sets_aside_on_gcs(bucket):
