@@ -125,6 +125,53 @@ def test_a_mesh_where_remat_full_never_fits_costs_its_two_variants_a_micro_batch
                for r in res["candidates"])
 
 
+def _needs_micro_batches(slow_none=False):
+    """Remat full fits with one micro-batch, minimal from two, none from four; each extra
+    micro-batch costs 0.05 s, so none with four is the fastest fit (or, with slow_none, none
+    is already slower than full with two)."""
+    def compile_fn(cfg, topo, hbm_bytes=0):
+        remat, accum = cfg.model.remat, cfg.train.grad_accum_steps
+        seconds = {"none": 2.0 if slow_none else 1.0, "minimal": 1.15, "full": 1.3}[remat]
+        return dict(_fake_compile(cfg, topo, hbm_bytes),
+                    fits=accum >= {"full": 1, "minimal": 2, "none": 4}[remat],
+                    expected_step_seconds=seconds + 0.05 * accum)
+    return compile_fn
+
+
+def _tried_on(res):
+    return sorted((r["remat"], r["collective_matmul"], r["grad_accum_steps"])
+                  for r in res["tried"])
+
+
+def test_each_remat_policy_is_ranked_at_the_fewest_micro_batches_it_fits_with():
+    """Remat none with four micro-batches against full with one: each policy counts on from
+    where the one saving fewer activations fit, and all three are ranked."""
+    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
+    res = search.search(cfg, topology.parse_topology("v5litepod-4"), log=lambda s: None,
+                        max_accum=8, compile_fn=_needs_micro_batches(), fixed={"fsdp": 4})
+    assert _tried_on(res) == sorted(
+        [("full", cm, 1) for cm in (False, True)]
+        + [("minimal", cm, a) for cm in (False, True) for a in (1, 2)]
+        + [("none", cm, a) for cm in (False, True) for a in (2, 4)])
+    ranked = [(r["remat"], r["grad_accum_steps"]) for r in res["candidates"]]
+    assert ranked[::2] == [("none", 4), ("minimal", 2), ("full", 1)], ranked
+    assert "train.grad_accum_steps=4" in res["best"]["set"]
+
+
+def test_a_policy_already_slower_than_the_mesh_fastest_fit_gets_no_more_micro_batches():
+    cfg = config_lib.load_config("gpt2_tiny", ["data.batch_size=64"])
+    logged = []
+    res = search.search(cfg, topology.parse_topology("v5litepod-4"), log=logged.append,
+                        max_accum=8, compile_fn=_needs_micro_batches(slow_none=True),
+                        fixed={"fsdp": 4})
+    assert ("none", False, 4) not in _tried_on(res)
+    assert [r for r in _tried_on(res) if r[0] == "none"] == [("none", cm, 2)
+                                                            for cm in (False, True)]
+    assert any("remat none does not fit with 2 micro-batches and is already slower" in line
+               for line in logged), logged
+    assert (res["best"]["remat"], res["best"]["grad_accum_steps"]) == ("minimal", 2)
+
+
 def _always_dies(cfg, topo, hbm_bytes=0):
     os.kill(os.getpid(), signal.SIGSEGV)
 

@@ -70,14 +70,16 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
            compile_fn=None, fixed: dict | None = None) -> dict:
     """Try meshes x remat policies x collective matmuls x micro-batch counts: per mesh every
     remat policy (none, minimal, full), each with collective matmuls off and on (where the
-    mesh shards weights), at the fewest micro-batches any of them fits with (more micro-
-    batches cost time, not memory). All variants that fit are compiled: less remat is not
-    always faster (a step without remat can be HBM-bound and slower; bench/RESULTS.md, issue
-    34), and collective matmuls trade HBM traffic for overlapped ICI transfers.
-    At each micro-batch count remat full (which saves the fewest activations) is compiled
-    first: where neither of its variants fits, the policies that save more are not compiled
-    there (tests/test_compile.py: compiled temporaries fall strictly none > minimal > full), so
-    a mesh whose state does not fit costs two compiles a micro-batch count, not six.
+    mesh shards weights), each policy at the fewest micro-batches it fits with (more micro-
+    batches of one global batch re-gather the sharded weights and cost time, not memory;
+    bench/RESULTS.md). So remat none with two micro-batches is ranked beside remat full with
+    one. All variants that fit are compiled: less remat is not always faster (a step without
+    remat can be HBM-bound and slower; bench/RESULTS.md, issue 34), and collective matmuls
+    trade HBM traffic for overlapped ICI transfers.
+    The policies go full, minimal, none (tests/test_compile.py: compiled temporaries fall
+    strictly none > minimal > full), each from the count the one before fit with: where remat
+    full fits with no count, the others are not compiled on that mesh. A policy stops adding
+    micro-batches once its compiled step is already slower than the mesh's fastest fit.
     ``compile_fn(cfg, topo, hbm_bytes=)``: default, compile.compile_step in this process's
     compiler process (isolated.shared()). ``fixed`` {mesh axis: size}: only meshes with
     those sizes (`--search --set mesh.tensor=4`: the rest of the space at 4-way tensor
@@ -94,31 +96,50 @@ def search(cfg, topo: Topology, hbm_bytes: int = 0, log=print, max_accum: int = 
         raise UserError(f"no mesh of {topo.chips} chips that --search tries has "
                         + ", ".join(f"mesh.{a}={n}" for a, n in fixed.items())
                         + f"; it tries {_factorisations(topo.chips)} as (data, fsdp, tensor)")
-    for data, fsdp, tensor in meshes:
-        variants = _variants(data, fsdp, tensor)
-        first = [v for v in variants if v[0] == "full"]
-        rest = [v for v in variants if v[0] != "full"]
-        for accum in (a for a in (1, 2, 4, 8, 16) if a <= max_accum):
-            mesh_sets = [f"mesh.data={data}", f"mesh.fsdp={fsdp}", f"mesh.tensor={tensor}",
-                         f"train.grad_accum_steps={accum}"]
-            n_tried = len(tried)
-            found = _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
-                                  mesh_sets, first)
-            if found is None:  # does not divide the batch / parameters: next mesh
-                break
-            if not found and any("fits" in r for r in tried[n_tried:]):
-                log(f"  remat full does not fit with {accum} micro-batches: the other "
-                    "policies save more, not compiled")
-                continue
-            found += _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
-                                   mesh_sets, rest) or []
-            fitting += found
-            if found:
-                break
+    counts = [a for a in (1, 2, 4, 8, 16) if a <= max_accum]
+    for mesh in meshes:
+        def compile_at(variants, accum, mesh=mesh):
+            sets = [f"mesh.{a}={n}" for a, n in zip(("data", "fsdp", "tensor"), mesh)]
+            return _try_variants(cfg, topo, compile_fn, hbm_bytes, log, tried, config_lib,
+                                 sets + [f"train.grad_accum_steps={accum}"], variants)
+        fitting += _search_mesh(mesh, counts, compile_at, tried, log)
     fitting.sort(key=lambda r: r["expected_step_seconds"])
     crashed = [r for r in tried if "crashed" in r]
     return {"candidates": fitting, "tried": tried, "best": fitting[0] if fitting else None,
             "crashed": crashed, "why_none": "" if fitting else _why_none(topo, tried, crashed)}
+
+
+def _search_mesh(mesh, counts, compile_at, tried, log) -> list:
+    """One mesh: each remat policy (full first) at the fewest micro-batch count at which one
+    of its collective-matmul variants fits, counting on from where the policy before it fit
+    -> the reports that fit. compile_at(variants, accum) -> fitting reports, or None (the
+    mesh does not divide the config)."""
+    found_here, first = [], 0
+    for remat in ("full", "minimal", "none"):
+        variants = [v for v in _variants(*mesh) if v[0] == remat]
+        for i in range(first, len(counts)):
+            n_tried = len(tried)
+            found = compile_at(variants, counts[i])
+            if found is None:  # does not divide the batch / parameters: next mesh
+                return found_here
+            if found:
+                found_here += found
+                first = i
+                break
+            if not any("fits" in r for r in tried[n_tried:]):
+                break  # every variant crashed: another count would not tell more
+            steps = [r["expected_step_seconds"] for r in tried[n_tried:] if r.get("compiled")]
+            fastest = min((r["expected_step_seconds"] for r in found_here), default=None)
+            if steps and fastest is not None and min(steps) >= fastest:
+                log(f"  remat {remat} does not fit with {counts[i]} micro-batches and is "
+                    "already slower than this mesh's fastest fit: more are not compiled")
+                first = i + 1  # the policies that save more fit with no fewer either
+                break
+        else:
+            log(f"  remat {remat} fits with no micro-batch count up to {counts[-1]}: the "
+                "policies that save more activations are not compiled on this mesh")
+            return found_here
+    return found_here
 
 
 def _why_none(topo: Topology, tried: list, crashed: list) -> str:
