@@ -23,6 +23,7 @@ import numpy as np
 from t5lite import config as config_lib
 from t5lite.errors import UserError
 from t5lite.eval import decoding
+from t5lite.mesh import partitioning
 
 
 # ----------------------------------------------------------------------------- model batches
@@ -70,7 +71,6 @@ class Predictor:
     """Decodes / scores token lists in fixed-shape batches (one compile per program)."""
 
     def __init__(self, cfg, model, params, eos_id: int, mesh=None):
-        from t5lite import config as config_lib
         cfg = config_lib.with_decode_length(cfg)  # 0: as long as the targets
         self.cfg, self.model, self.params, self.eos_id, self.mesh = cfg, model, params, eos_id, mesh
         arch = cfg.model.architecture
@@ -90,7 +90,6 @@ class Predictor:
         dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
         self.batch_size = _round_up(cfg.eval.batch_size, dp)
         # on a TPU mesh, the train step's XLA options (asynchronous collectives) for these too
-        from t5lite.mesh import partitioning
         options = partitioning.compiler_options(cfg, mesh)
         self._generate = decoding.make_generate_fn(model, cfg.decode, eos_id, options)
         self._score = decoding.make_score_fn(model, options)
@@ -99,7 +98,6 @@ class Predictor:
     def _ctx(self):
         if self.mesh is None:
             return contextlib.nullcontext()
-        from t5lite.mesh import partitioning
         return partitioning.activate(self.mesh)
 
     def _chunks(self, n: int, desc: str = "") -> Iterable[tuple[int, int]]:
@@ -260,7 +258,6 @@ def _classifier_metrics(cfg, model, params, task_name: str, split: str, max_exam
     ds = pipeline.get_dataset(task_name, dict(cfg.data.feature_lengths),
                               cfg.model.architecture, batch_size, split=split, shuffle=False,
                               pack=False, num_epochs=1, drop_remainder=False)
-    from t5lite.mesh import partitioning
     fwd = jax.jit(lambda p, b: model.apply({"params": p}, b, deterministic=True)["class_logits"],
                   compiler_options=partitioning.compiler_options(cfg, mesh))
     correct = total = 0
@@ -273,7 +270,6 @@ def _classifier_metrics(cfg, model, params, task_name: str, split: str, max_exam
                   for k, v in batch.items()}
         ctx = contextlib.nullcontext()
         if mesh is not None:
-            from t5lite.mesh import partitioning
             ctx = partitioning.activate(mesh)
         with ctx:
             pred = np.asarray(jax.device_get(fwd(params, padded)))[:n].argmax(-1)
