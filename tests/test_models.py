@@ -3,6 +3,7 @@
 Every forward pass is jitted (one compile per config and shape) to keep the file fast.
 """
 
+import dataclasses
 import functools
 import subprocess
 import sys
@@ -313,15 +314,17 @@ def test_flat_kernels_are_the_same_layer():
                                forward(build_model(old_cfg))(old, batch)["logits"], atol=ATOL)
 
 
-@pytest.mark.parametrize("unroll", [0, 2])
-def test_scan_unroll_equals_loop(unroll):
-    """model.scan_unroll keeps the stacked parameter tree, logits and gradients."""
-    _, _, params, _ = shared("t5")
+@pytest.mark.parametrize("layers,unroll", [(2, 0), (3, 2)])
+def test_scan_unroll_equals_loop(layers, unroll):
+    """model.scan_unroll keeps the stacked parameter tree, logits and gradients: every layer in
+    one iteration (0), and two a iteration over three layers (a remainder of one). Distinct
+    programs: on the two-layer model an unroll of 2 would compile the same one as 0."""
+    cfg = tiny(**MODELS["t5"], num_encoder_layers=layers, num_decoder_layers=layers)
+    batch = random_batch(cfg)
+    _, params = init(cfg, batch)
     results = []
     for u in (1, unroll):
-        cfg = tiny(**{**MODELS["t5"], "scan_unroll": u})
-        batch = random_batch(cfg)
-        model = build_model(cfg)
+        model = build_model(dataclasses.replace(cfg, scan_unroll=u))
 
         def loss(p):
             logits = model.apply({"params": p}, batch, deterministic=True)["logits"]
