@@ -74,10 +74,10 @@ TINY = Slice("v5litepod-1")
 # Remat and mesh by expected step on the slice (bench/RESULTS.md, "Whole --search runs": the
 # figures, and what was not compiled): a whole `t5lite compile --search` picked bert_base's,
 # electra_small's, the three GPT-2 sizes' and T5 v1.0 small's (held at tensor 1 first) and
-# confirmed T5 v1.1 small's and base's and roberta_base's; a search held at 4-way tensor
-# parallelism (`--search --set mesh.tensor=4`: every remat, collective-matmul and data / fsdp
-# split at that width) T5 v1.1 XXL's and T5 v1.0 11B's, one held at tensor 1 confirmed XL's,
-# large's, BERT large's and T5 v1.0 base's and large's and picked 3B's.
+# confirmed T5 v1.1 small's and base's, T5 v1.0 base's and roberta_base's; a search held at
+# 4-way tensor parallelism (`--search --set mesh.tensor=4`: every remat, collective-matmul and
+# data / fsdp split at that width) T5 v1.1 XXL's and T5 v1.0 11B's, one held at tensor 1
+# confirmed XL's, large's, BERT large's and T5 v1.0 large's and picked 3B's.
 SLICES = {
     # small: 60M parameters, copied on each chip (3% faster than fsdp 4 by expected step)
     "t5_1_0": {"tiny": TINY, "small": Slice("v5p-8", "full", parallel="data"),
