@@ -115,7 +115,7 @@ def _search_mesh(mesh, counts, compile_at, tried, log) -> list:
     -> the reports that fit. compile_at(variants, accum) -> fitting reports, or None (the
     mesh does not divide the config)."""
     found_here, first = [], 0
-    for remat in ("full", "minimal", "none"):
+    for remat in reversed(REMATS):  # full first: REMATS lists the most saved activations first
         variants = [v for v in _variants(*mesh) if v[0] == remat]
         for i in range(first, len(counts)):
             n_tried = len(tried)
